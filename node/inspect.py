@@ -1,0 +1,377 @@
+"""`swarm keys ...` and `swarm ledger ...`: a person's (and a program's) window on a node's state.
+
+Thin commands: they open the key or the ledger (read-only), call one query and render it as a
+rich table, or as JSON with `--json`. They never write to a ledger, and a user's mistake is a
+one-line error (a SwarmError), never a traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from node import identity as ident
+from node.home import resolve_home
+from node.ledger import Ledger, LedgerError, ledger_path
+
+console = Console()
+
+keys_app = typer.Typer(
+    help="This node's identity: its Ed25519 key and peer id.", no_args_is_help=True
+)
+ledger_app = typer.Typer(
+    help="Inspect the ledger: the signed facts this node holds.", no_args_is_help=True
+)
+
+# Optional[...] rather than `X | None`: typer reads these annotations at runtime on Python 3.10.
+HomeOption = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--home", help="Node home (key, ledger). Env SWARM_HOME; default ~/.research-swarm."
+    ),
+]
+DbOption = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option("--db", help="A ledger file to read instead of HOME/ledger.db."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
+
+
+# ---------------------------------------------------------------- rendering helpers
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {(k.hex() if isinstance(k, bytes) else k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(_jsonable(value), indent=2, sort_keys=True) + "\n")
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _short(sha: str | None) -> str:
+    return (sha or "-")[:12]
+
+
+def _peer(peer_id: str | None) -> str:
+    """Peer ids all start 12D3KooW; their tail tells them apart."""
+    return "-" if not peer_id else ("…" + peer_id[-8:] if peer_id.startswith("12D3") else peer_id)
+
+
+def _bpb(value: float | None, signed: bool = False) -> str:
+    return "-" if value is None else (f"{value:+.4f}" if signed else f"{value:.4f}")
+
+
+def _open(home: Path | None, db: Path | None) -> Ledger:
+    path = db if db is not None else ledger_path(resolve_home(home))
+    if not path.exists():
+        hint = "" if db is not None else " (no facts yet: run a node, or pass --db)"
+        raise LedgerError(f"no ledger at {path}{hint}")
+    return Ledger(path, readonly=True)
+
+
+# ---------------------------------------------------------------- swarm keys
+
+
+@keys_app.command("show")
+def keys_show(home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """Print this node's peer id and public key (the key is created on first use).
+
+    Example: swarm keys show --home ~/.research-swarm
+    """
+    home_dir = resolve_home(home)
+    created = not ident.key_path(home_dir).exists()
+    me = ident.load_identity(home_dir)
+    info = {
+        "peer_id": me.peer_id,
+        "public_key": me.public_key.hex(),
+        "key_file": str(ident.key_path(home_dir)),
+        "created": created,
+    }
+    if as_json:
+        _print_json(info)
+        return
+    if created:
+        console.print(f"new key written to {info['key_file']}", highlight=False)
+    console.print(f"peer id     {info['peer_id']}", highlight=False)
+    console.print(f"public key  {info['public_key']}", highlight=False)
+
+
+@keys_app.command("new")
+def keys_new(
+    home: HomeOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing key.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Create a new key; refuses to replace an existing one unless --force.
+
+    Replacing the key gives this node a new peer id: peers will not connect it with the facts
+    the old key signed. Example: swarm keys new --home /tmp/node2
+    """
+    home_dir = resolve_home(home)
+    me = ident.new_identity(home_dir, force=force)
+    if as_json:
+        _print_json({"peer_id": me.peer_id, "public_key": me.public_key.hex()})
+    else:
+        console.print(f"peer id     {me.peer_id}", highlight=False)
+        console.print(f"key file    {ident.key_path(home_dir)}", highlight=False)
+
+
+# ---------------------------------------------------------------- swarm ledger
+
+
+@ledger_app.command("summary")
+def summary(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Counts: facts by kind, outcomes, verdicts, peers, versions, runs, rejections.
+
+    Example: swarm ledger summary --db ~/.research-swarm/ledger.db
+    """
+    with _open(home, db) as ledger:
+        info = ledger.summary()
+    if as_json:
+        _print_json(info)
+        return
+    table = Table(title=f"ledger {info['path']}", show_header=False)
+    table.add_row("schema", str(info["schema_version"]))
+    table.add_row("campaigns", ", ".join(info["campaigns"]) or "-")
+    table.add_row("facts", _counts(info["facts"]))
+    table.add_row("outcomes", _counts(info["outcomes"]))
+    table.add_row("verdicts", _counts(info["verdicts"]))
+    table.add_row("peers", str(info["peers"]))
+    table.add_row("versions", str(info["versions"]))
+    table.add_row("own runs", str(info["runs"]))
+    table.add_row("rejected", _counts(info["rejected"]))
+    table.add_row("last fact", _when(info["last_fact_time"]))
+    console.print(table)
+
+
+def _counts(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-"
+
+
+class Outcome(str, Enum):
+    keep = "keep"
+    discard = "discard"
+    crash = "crash"
+
+
+@ledger_app.command("experiments")
+def experiments(
+    home: HomeOption = None,
+    db: DbOption = None,
+    peer: Annotated[Optional[str], typer.Option(help="Only this author (peer id).")] = None,  # noqa: UP045
+    outcome: Annotated[Optional[Outcome], typer.Option(help="keep, discard or crash.")] = None,  # noqa: UP045
+    profile: Annotated[Optional[str], typer.Option(help="Only this profile.")] = None,  # noqa: UP045
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """Every experiment published (failures too), newest first.
+
+    Example: swarm ledger experiments --outcome keep --profile cpu --limit 20
+    """
+    with _open(home, db) as ledger:
+        rows = ledger.experiments(peer, outcome.value if outcome else None, profile, limit)
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title=f"experiments ({len(rows)} shown, newest first)")
+    for name in ("time", "peer", "profile", "outcome", "val_bpb", "child", "✓", "✗", "description"):
+        table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
+    for r in rows:
+        table.add_row(
+            _when(r["time"]), _peer(r["author"]), r["profile"], r["outcome"], _bpb(r["val_bpb"]),
+            _short(r["child"]), str(r["confirmations"]), str(r["refutations"]), r["description"],
+        )  # fmt: skip
+    console.print(table)
+
+
+@ledger_app.command("leaderboard")
+def leaderboard(
+    home: HomeOption = None,
+    db: DbOption = None,
+    quorum: Annotated[int, typer.Option(min=1, help="Confirmations needed from other peers.")] = 1,
+    limit: Annotated[int, typer.Option(help="Versions shown per profile.")] = 10,
+    as_json: JsonOption = False,
+) -> None:
+    """Per profile: the best verified train.py versions, who found and who verified them.
+
+    Verified = confirmed by at least QUORUM peers other than the author, measuring with the same
+    harness. Example: swarm ledger leaderboard --quorum 2
+    """
+    with _open(home, db) as ledger:
+        board = ledger.leaderboard(quorum, limit)
+    if as_json:
+        _print_json(board)
+        return
+    if not board:
+        console.print(f"no verified versions yet (quorum {quorum})")
+    for profile, rows in board.items():
+        table = Table(title=f"profile {profile} (quorum {quorum})")
+        for name in ("#", "val_bpb", "version", "found by", "verified by", "description"):
+            table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
+        for rank, r in enumerate(rows, 1):
+            table.add_row(
+                str(rank), _bpb(r["val_bpb"]), _short(r["child"]), _peer(r["found_by"]),
+                ", ".join(_peer(p) for p in r["verified_by"]), r["description"],
+            )  # fmt: skip
+        console.print(table)
+
+
+@ledger_app.command("lineage")
+def lineage(
+    version: Annotated[str, typer.Argument(help="sha256 of a train.py (or a unique prefix).")],
+    home: HomeOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The chain of versions from the baseline to VERSION, each step with its diff and delta.
+
+    Example: swarm ledger lineage 3f2a9c
+    """
+    with _open(home, db) as ledger:
+        steps = ledger.lineage(version)
+    if as_json:
+        _print_json(steps)
+        return
+    table = Table(
+        title=f"lineage of {_short(steps[-1]['child'])} from {_short(steps[0]['parent'])}"
+    )
+    for name in ("version", "val_bpb", "delta", "verified Δ", "✓", "diff", "peer", "description"):
+        table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
+    for s in steps:
+        table.add_row(
+            _short(s["child"]), _bpb(s["val_bpb"]), _bpb(s["delta"], True),
+            _bpb(s["verified_delta"], True), str(s["confirmations"]), f"{s['diff_size']} B",
+            _peer(s["author"]), s["description"],
+        )  # fmt: skip
+    console.print(table)
+
+
+@ledger_app.command("peers")
+def peers(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = False) -> None:
+    """Every peer heard from: what it published, how its claims fared, what was rejected.
+
+    Example: swarm ledger peers --json
+    """
+    with _open(home, db) as ledger:
+        rows = ledger.peers()
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title=f"peers ({len(rows)})")
+    for name in (
+        "peer",
+        "first seen",
+        "last seen",
+        "results",
+        "verifs",
+        "✓ got",
+        "✗ got",
+        "rejected",
+    ):
+        table.add_column(name)
+    for p in rows:
+        table.add_row(
+            p["peer_id"], _when(p["first_seen"]), _when(p["last_seen"]), str(p["results"]),
+            str(p["verifications"]), str(p["confirmations"]), str(p["refutations"]),
+            _counts(p["rejected"]),
+        )  # fmt: skip
+    console.print(table)
+
+
+@ledger_app.command("show")
+def show(
+    fact_id: Annotated[
+        str, typer.Argument(help="A fact id (sha256 of its signed bytes) or prefix.")
+    ],
+    home: HomeOption = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One fact, decoded, with its signature checked again.
+
+    Example: swarm ledger show 9db9f414
+    """
+    with _open(home, db) as ledger:
+        info = ledger.fact(fact_id)
+    if as_json:
+        _print_json(info)
+        return
+    env = info["envelope"] or {}
+    table = Table(title=f"fact {info['id']}", show_header=False)
+    table.add_row("signature", info["status"])
+    table.add_row("kind", str(env.get("kind")))
+    table.add_row("campaign", str(env.get("campaign")))
+    author = env.get("author")
+    table.add_row("author", ident.peer_id_from_public_key(author) if author else "-")
+    table.add_row("seq", str(env.get("seq")))
+    table.add_row("time", _when(env.get("time")))
+    table.add_row("received", _when(info["received"]))
+    table.add_row("body", json.dumps(_jsonable(env.get("body")), indent=2, sort_keys=True))
+    console.print(table)
+
+
+class ExportFormat(str, Enum):
+    csv = "csv"
+    json = "json"
+
+
+class ExportTable(str, Enum):
+    results = "results"
+    verifications = "verifications"
+    campaigns = "campaigns"
+    peers = "peers"
+    runs = "runs"
+    facts = "facts"
+
+
+@ledger_app.command("export")
+def export(
+    home: HomeOption = None,
+    db: DbOption = None,
+    fmt: Annotated[ExportFormat, typer.Option("--format", help="csv or json.")] = ExportFormat.json,
+    table: Annotated[ExportTable, typer.Option(help="Which table.")] = ExportTable.results,
+    output: Annotated[Optional[Path], typer.Option(help="Write here, not stdout.")] = None,  # noqa: UP045
+) -> None:
+    """Export a table; `facts` carries each fact's raw signed bytes as hex, re-checkable anywhere.
+
+    Example: swarm ledger export --format csv --table results --output results.csv
+    """
+    with _open(home, db) as ledger:
+        rows = ledger.rows(f"SELECT * FROM {table.value} ORDER BY rowid")
+    rows = [_jsonable(r) for r in rows]
+    if fmt is ExportFormat.json:
+        text = json.dumps(rows, indent=2, sort_keys=True) + "\n"
+    else:
+        buf = io.StringIO()
+        columns = list(rows[0]) if rows else []
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        text = buf.getvalue()
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        console.print(f"{len(rows)} {table.value} rows written to {output}", highlight=False)

@@ -1,0 +1,507 @@
+"""The ledger: every fact a node holds, in one SQLite file (WAL), and the tables derived from them.
+
+Facts go in only through `ingest`, which validates them with `wire` and returns only after the
+commit, so an acknowledged fact survives a kill -9. Readers may open the file while a node
+writes. It never trusts a stored row it could re-check: `fact()` re-verifies the signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import sqlite_utils
+
+from node import consensus, wire
+from node.errors import SwarmError
+from node.identity import peer_id_from_public_key
+
+LEDGER_FILE = "ledger.db"  # inside the node's home
+MAX_LINEAGE = 10_000  # steps walked back before giving up (parent links may loop)
+
+
+class LedgerError(SwarmError):
+    """A ledger file that is missing, not a ledger, too new, or a query about something absent."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---------------------------------------------------------------- schema and migrations
+
+
+def _schema_1(db: sqlite_utils.Database) -> None:
+    """Release 1: facts with their raw signed bytes, and the tables derived from them."""
+    db["facts"].create(
+        {"id": str, "kind": str, "campaign": str, "author": str, "seq": int, "time": int,
+         "received": int, "raw": bytes},
+        pk="id", not_null=["kind", "campaign", "author", "seq", "time", "raw"],
+    )  # fmt: skip
+    db["facts"].create_index(["author", "seq"], unique=True)
+    db["facts"].create_index(["kind", "time"])
+    db["results"].create(
+        {"id": str, "campaign": str, "author": str, "time": int, "profile": str, "parent": str,
+         "child": str, "diff_sha256": str, "diff_size": int, "description": str, "harness": str,
+         "seed": int, "outcome": str, "val_bpb": float, "steps": int, "tokens": int,
+         "train_seconds": float, "total_seconds": float, "peak_memory_mb": float, "mfu": float},
+        pk="id", foreign_keys=[("id", "facts", "id")],
+    )  # fmt: skip
+    db["results"].create_index(["time"])
+    db["results"].create_index(["author", "time"])
+    db["results"].create_index(["child"])
+    db["results"].create_index(["outcome", "profile"])
+    db["verifications"].create(
+        {"id": str, "campaign": str, "author": str, "time": int, "result": str,
+         "child_val_bpb": float, "parent_val_bpb": float, "delta": float, "seed": int,
+         "profile": str, "harness": str, "verdict": str},
+        pk="id", foreign_keys=[("id", "facts", "id")],
+    )  # fmt: skip
+    db["verifications"].create_index(["result"])
+    db["verifications"].create_index(["verdict", "result"])
+    db["campaigns"].create(
+        {"id": str, "name": str, "organiser": str, "program_sha256": str, "baseline": str,
+         "profiles": str, "quorum": int, "data": str, "time": int},
+        pk="id", foreign_keys=[("id", "facts", "id")],
+    )  # fmt: skip
+    db["versions"].create({"sha256": str, "size": int, "source": bytes, "added": int}, pk="sha256")
+    db["peers"].create(
+        {"peer_id": str, "public_key": str, "first_seen": int, "last_seen": int, "facts": int,
+         "results": int, "verifications": int, "head_seq": int, "head": bytes},
+        pk="peer_id", defaults={"facts": 0, "results": 0, "verifications": 0},
+    )  # fmt: skip
+    db["rejections"].create(
+        {"peer_id": str, "reason": str, "count": int, "last_seen": int}, pk=("peer_id", "reason")
+    )
+    db["runs"].create(
+        {"id": int, "started": int, "finished": int, "profile": str, "parent": str, "child": str,
+         "outcome": str, "val_bpb": float, "description": str, "log_path": str, "fact_id": str},
+        pk="id",
+    )  # fmt: skip
+
+
+# Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_schema_1]
+
+
+def ledger_path(home: Path) -> Path:
+    return Path(home) / LEDGER_FILE
+
+
+# ---------------------------------------------------------------- the ledger
+
+
+class Ledger:
+    """One node's ledger. `campaign` (if set) is the only campaign whose facts it accepts."""
+
+    def __init__(
+        self, path: Path | str, campaign: str | None = None, readonly: bool = False,
+        durable: bool = False,
+    ) -> None:  # fmt: skip
+        self.path = Path(path)
+        self.campaign = campaign
+        self.readonly = readonly
+        try:
+            if readonly:
+                if not self.path.is_file():
+                    raise LedgerError(f"no ledger at {self.path}")
+                uri = f"file:{self.path.resolve()}?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
+            self.conn = conn
+            self.db = sqlite_utils.Database(conn)
+            if not readonly:
+                self.db.enable_wal()
+                # In WAL mode NORMAL loses nothing on a process crash (kill -9): a commit is in
+                # the OS once COMMIT returns. FULL adds an fsync per commit, for power loss.
+                conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+                self._migrate()
+            self.schema_version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if readonly and self.schema_version == 0:
+                raise LedgerError(f"{self.path} is not a research-swarm ledger")
+            if self.schema_version > len(MIGRATIONS):
+                raise LedgerError(
+                    f"{self.path} has schema {self.schema_version}, newer than this node "
+                    f"understands ({len(MIGRATIONS)}): upgrade research-swarm"
+                )
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"cannot open {self.path} as a ledger: {exc}") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _migrate(self) -> None:
+        with self._write():
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0 and self.db.table_names():
+                raise LedgerError(f"{self.path} is an SQLite file but not a research-swarm ledger")
+            for step in MIGRATIONS[version:]:
+                step(self.db)
+            self.conn.execute(f"PRAGMA user_version={max(version, len(MIGRATIONS))}")
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        if self.readonly:
+            raise LedgerError(f"{self.path} is open read-only")
+        # IMMEDIATE takes the write lock up front, so two writers wait rather than deadlock.
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # ------------------------------------------------------------ writing facts
+
+    def ingest(self, raw: bytes, from_peer: str | None = None, now_ms: int | None = None):
+        """Validate and store one message; returns the Fact (stored, or already held) or why not."""
+        return self.ingest_many([raw], from_peer, now_ms)[0]
+
+    def ingest_many(
+        self, raws: Iterable[bytes], from_peer: str | None = None, now_ms: int | None = None
+    ) -> list[wire.Fact | wire.Rejection]:
+        """Validate and store messages in one transaction; returns after the commit.
+
+        `from_peer` is the peer that delivered them (gossip), charged with the rejections.
+        """
+        now = _now_ms() if now_ms is None else now_ms
+        decoded = [wire.decode(raw, self.campaign, now) for raw in raws]
+        with self._write() as conn:
+            out = [
+                self._store(conn, item, now) if isinstance(item, wire.Fact) else item
+                for item in decoded
+            ]
+            for item in out:
+                if isinstance(item, wire.Rejection):
+                    self._count_rejection(conn, item, from_peer, now)
+        return out
+
+    def _store(self, conn: sqlite3.Connection, fact: wire.Fact, now: int):
+        author = fact.peer_id
+        row = conn.execute(
+            "SELECT id FROM facts WHERE author = ? AND seq = ?", (author, fact.seq)
+        ).fetchone()
+        head_seq = None
+        if fact.kind == "head":
+            peer = conn.execute(
+                "SELECT head_seq FROM peers WHERE peer_id = ?", (author,)
+            ).fetchone()
+            head_seq = peer[0] if peer else None
+        if rejection := wire.check_sequence(fact, row[0] if row else None, head_seq):
+            return rejection
+        if row:  # the same fact again: already stored, nothing to do
+            return fact
+        conn.execute(
+            "INSERT INTO peers (peer_id, public_key, first_seen, last_seen) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (peer_id) DO UPDATE SET last_seen = excluded.last_seen",
+            (author, fact.author.hex(), now, now),
+        )
+        if fact.kind == "head":
+            conn.execute(
+                "UPDATE peers SET head_seq = ?, head = ? WHERE peer_id = ?",
+                (fact.seq, fact.raw, author),
+            )
+            return fact
+        conn.execute(
+            "INSERT INTO facts (id, kind, campaign, author, seq, time, received, raw) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (fact.id, fact.kind, fact.campaign, author, fact.seq, fact.time, now, fact.raw),
+        )
+        counter = {"result": "results", "verification": "verifications"}.get(fact.kind)
+        conn.execute(
+            "UPDATE peers SET facts = facts + 1"
+            + (f", {counter} = {counter} + 1" if counter else "")
+            + " WHERE peer_id = ?",
+            (author,),
+        )
+        body, common = fact.body, (fact.id, fact.campaign, author, fact.time)
+        if fact.kind == "result":
+            m = body["metrics"]
+            conn.execute(
+                "INSERT INTO results VALUES (" + ", ".join("?" * 20) + ")",
+                (*common, body["profile"], body["parent"], body["child"], body["diff_sha256"],
+                 body["diff_size"], body["description"], body["harness"], body["seed"],
+                 body["outcome"], m["val_bpb"], m["steps"], m["tokens"], m["train_seconds"],
+                 m["total_seconds"], m["peak_memory_mb"], m["mfu"]),
+            )  # fmt: skip
+        elif fact.kind == "verification":
+            conn.execute(
+                "INSERT INTO verifications VALUES (" + ", ".join("?" * 12) + ")",
+                (*common, body["result"], body["child_val_bpb"], body["parent_val_bpb"],
+                 body["delta"], body["seed"], body["profile"], body["harness"], body["verdict"]),
+            )  # fmt: skip
+        elif fact.kind == "campaign":
+            conn.execute(
+                "INSERT INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (fact.id, body["name"], peer_id_from_public_key(body["organiser"]),
+                 body["program_sha256"], body["baseline"], json.dumps(body["profiles"]),
+                 body["quorum"], json.dumps(body["data"], sort_keys=True), fact.time),
+            )  # fmt: skip
+        return fact
+
+    def _count_rejection(
+        self, conn: sqlite3.Connection, rejection: wire.Rejection, from_peer: str | None, now: int
+    ) -> None:
+        # Blame the peer that delivered it; else the author, but only once its signature has
+        # been checked (replay, seq_backwards, future_time): anyone can claim to be anyone.
+        signed = rejection.reason in (wire.Reason.replay, wire.Reason.seq_backwards,
+                                      wire.Reason.future_time)  # fmt: skip
+        peer = from_peer or (
+            peer_id_from_public_key(rejection.author) if signed and rejection.author else "unknown"
+        )
+        conn.execute(
+            "INSERT INTO rejections (peer_id, reason, count, last_seen) VALUES (?, ?, 1, ?) "
+            "ON CONFLICT (peer_id, reason) DO UPDATE SET count = count + 1, last_seen = ?",
+            (peer, rejection.reason.value, now, now),
+        )
+
+    def next_seq(self, public_key: bytes) -> int:
+        """The sequence number this author's next fact or head should carry."""
+        author = peer_id_from_public_key(public_key)
+        row = self.conn.execute(
+            "SELECT MAX(seq), (SELECT head_seq FROM peers WHERE peer_id = ?) FROM facts "
+            "WHERE author = ?",
+            (author, author),
+        ).fetchone()
+        return max(row[0] or 0, row[1] or 0) + 1
+
+    # ------------------------------------------------------------ versions and runs
+
+    def add_version(self, source: bytes, sha256: str | None = None) -> str:
+        """Store a train.py by its sha256; if `sha256` is given the bytes must match it."""
+        digest = hashlib.sha256(source).hexdigest()
+        if sha256 is not None and digest != sha256:
+            raise LedgerError(f"train.py bytes hash to {digest[:12]}, not {sha256[:12]}")
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?)",
+                (digest, len(source), source, _now_ms()),
+            )
+        return digest
+
+    def version(self, sha256: str) -> bytes | None:
+        row = self.conn.execute(
+            "SELECT source FROM versions WHERE sha256 = ?", (sha256,)
+        ).fetchone()
+        return row[0] if row else None
+
+    def record_run(self, **run: Any) -> int:
+        """Record one of this node's own runs (profile, parent, child, outcome, val_bpb,
+        description, log_path, fact_id, started, finished); returns its run id."""
+        allowed = {c.name for c in self.db["runs"].columns} - {"id"}
+        if unknown := set(run) - allowed:
+            raise LedgerError(f"unknown run fields: {sorted(unknown)}")
+        with self._write() as conn:
+            cols = ", ".join(run)
+            cur = conn.execute(
+                f"INSERT INTO runs ({cols}) VALUES ({', '.join('?' * len(run))})",
+                tuple(run.values()),
+            )
+        return int(cur.lastrowid)
+
+    # ------------------------------------------------------------ reading
+
+    def rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict]:
+        cur = self.conn.execute(sql, tuple(params))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def summary(self) -> dict:
+        one = lambda sql: self.conn.execute(sql).fetchone()[0]  # noqa: E731
+        return {
+            "path": str(self.path),
+            "schema_version": self.schema_version,
+            "facts": dict(self.conn.execute("SELECT kind, COUNT(*) FROM facts GROUP BY kind")),
+            "outcomes": dict(self.conn.execute("SELECT outcome, COUNT(*) FROM results GROUP BY 1")),
+            "verdicts": dict(self.conn.execute("SELECT verdict, COUNT(*) FROM verifications GROUP BY 1")),
+            "peers": one("SELECT COUNT(*) FROM peers"),
+            "versions": one("SELECT COUNT(*) FROM versions"),
+            "runs": one("SELECT COUNT(*) FROM runs"),
+            "rejected": dict(self.conn.execute("SELECT reason, SUM(count) FROM rejections GROUP BY 1")),
+            "campaigns": [r["name"] for r in self.rows("SELECT name FROM campaigns ORDER BY time")],
+            "last_fact_time": one("SELECT MAX(time) FROM facts"),
+        }  # fmt: skip
+
+    def experiments(
+        self, peer: str | None = None, outcome: str | None = None, profile: str | None = None,
+        limit: int = 50,
+    ) -> list[dict]:  # fmt: skip
+        """Results, newest first, with how many peers confirmed and refuted each."""
+        where, params = [], []
+        for column, value in (("author", peer), ("outcome", outcome), ("profile", profile)):
+            if value is not None:
+                where.append(f"r.{column} = ?")
+                params.append(value)
+        sql = (
+            "SELECT r.*, "
+            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = 'confirm') "
+            "AS confirmations, "
+            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = 'refute') "
+            "AS refutations FROM results r"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY r.time DESC, r.id LIMIT ?"
+        )
+        return self.rows(sql, [*params, limit])
+
+    def leaderboard(self, quorum: int = 1, limit: int = 10) -> dict[str, list[dict]]:
+        """Per profile, the best verified train.py versions, lowest val_bpb first (ties by hash)."""
+        # Only kept results with a confirmation can be verified; consensus decides which are.
+        results = self.rows(
+            "SELECT id, author, time, profile, parent, child, harness, val_bpb, description "
+            "FROM results r WHERE outcome = 'keep' AND val_bpb IS NOT NULL AND EXISTS "
+            "(SELECT 1 FROM verifications v WHERE v.result = r.id AND v.verdict = 'confirm')"
+        )
+        verifications = self.rows(
+            "SELECT v.result, v.author, v.verdict, v.profile, v.harness FROM verifications v "
+            "JOIN results r ON r.id = v.result WHERE v.verdict = 'confirm' AND r.outcome = 'keep'"
+        )
+        verified = consensus.verified_children(results, verifications, quorum)
+        best: dict[tuple[str, str], dict] = {}
+        for r in sorted(results, key=lambda r: (r["time"], r["id"])):
+            if r["id"] not in verified:
+                continue
+            key = (r["profile"], r["child"])
+            entry = best.setdefault(
+                key, {**r, "found_by": r["author"], "verified_by": set(), "result": r["id"]}
+            )
+            entry["val_bpb"] = min(entry["val_bpb"], r["val_bpb"])
+            entry["verified_by"] |= verified[r["id"]]
+        board: dict[str, list[dict]] = {}
+        for entry in sorted(best.values(), key=lambda e: (e["val_bpb"], e["child"])):
+            entry["verified_by"] = sorted(entry["verified_by"])
+            for drop in ("author", "id", "harness"):
+                entry.pop(drop)
+            rows = board.setdefault(entry["profile"], [])
+            if len(rows) < limit:
+                rows.append(entry)
+        return dict(sorted(board.items()))
+
+    def lineage(self, child: str) -> list[dict]:
+        """The chain of versions from the baseline to `child` (a sha256 or a unique prefix).
+
+        Each step is the earliest kept result that made that version, with its description, diff
+        size, claimed delta against its parent and the mean delta its confirmations measured.
+        """
+        child = self._expand(child, "SELECT DISTINCT child FROM results WHERE child LIKE ?")
+        steps: list[dict] = []
+        seen: set[str] = set()
+        current = child
+        while current not in seen and len(steps) < MAX_LINEAGE:
+            seen.add(current)
+            rows = self.rows(
+                "SELECT r.id, r.author, r.time, r.profile, r.parent, r.child, r.description, "
+                "r.diff_size, r.val_bpb, r.outcome, (SELECT AVG(v.delta) FROM verifications v "
+                "WHERE v.result = r.id AND v.verdict = 'confirm') AS verified_delta, "
+                "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id "
+                "AND v.verdict = 'confirm') AS confirmations FROM results r WHERE r.child = ? "
+                "ORDER BY (r.outcome = 'keep') DESC, r.time, r.id LIMIT 1",
+                (current,),
+            )
+            if not rows:
+                break
+            steps.append(rows[0])
+            current = rows[0]["parent"]
+        steps.reverse()
+        for prev, step in zip([None, *steps[:-1]], steps, strict=True):
+            parent_bpb = prev["val_bpb"] if prev else None
+            step["delta"] = (
+                step["val_bpb"] - parent_bpb
+                if step["val_bpb"] is not None and parent_bpb is not None
+                else None
+            )
+        if not steps:
+            raise LedgerError(f"no result made version {child[:12]}: nothing to trace")
+        return steps
+
+    def peers(self) -> list[dict]:
+        """Every peer seen: facts, results, confirmations and refutations its results received,
+        and the messages rejected from it by reason."""
+        standing = {
+            r["author"]: r
+            for r in self.rows(
+                "SELECT r.author, SUM(v.verdict = 'confirm') AS confirmations, "
+                "SUM(v.verdict = 'refute') AS refutations FROM verifications v "
+                "JOIN results r ON r.id = v.result AND v.author != r.author GROUP BY r.author"
+            )
+        }
+        rejected: dict[str, dict[str, int]] = {}
+        for peer, reason, count in self.conn.execute(
+            "SELECT peer_id, reason, count FROM rejections"
+        ):
+            rejected.setdefault(peer, {})[reason] = count
+        out = []
+        for p in self.rows(
+            "SELECT peer_id, first_seen, last_seen, facts, results, verifications FROM peers"
+        ):
+            s = standing.get(p["peer_id"], {})
+            p["confirmations"] = s.get("confirmations") or 0
+            p["refutations"] = s.get("refutations") or 0
+            p["rejected"] = rejected.pop(p["peer_id"], {})
+            out.append(p)
+        for peer, reasons in rejected.items():  # peers only ever heard from with junk
+            out.append({"peer_id": peer, "first_seen": None, "last_seen": None, "facts": 0,
+                        "results": 0, "verifications": 0, "confirmations": 0, "refutations": 0,
+                        "rejected": reasons})  # fmt: skip
+        return sorted(out, key=lambda p: (-(p["last_seen"] or 0), p["peer_id"]))
+
+    def fact(self, fact_id: str) -> dict:
+        """One stored fact (id or unique prefix), decoded, with its signature checked again."""
+        fact_id = self._expand(fact_id, "SELECT id FROM facts WHERE id LIKE ?")
+        row = self.rows("SELECT * FROM facts WHERE id = ?", (fact_id,))[0]
+        check = wire.decode(row["raw"], None, now_ms=row["time"])
+        try:
+            envelope = msgpack.unpackb(row["raw"], raw=False, strict_map_key=False)
+        except Exception:
+            envelope = None
+        status = (
+            "valid" if isinstance(check, wire.Fact) else f"{check.reason.value}: {check.detail}"
+        )
+        return {"id": fact_id, "received": row["received"], "status": status, "envelope": envelope}
+
+    def _expand(self, prefix: str, sql: str) -> str:
+        if not prefix or any(c not in "0123456789abcdef" for c in prefix.lower()):
+            raise LedgerError(f"{prefix!r} is not a sha256 (hex digits)")
+        matches = [r[0] for r in self.conn.execute(sql + " LIMIT 2", (prefix.lower() + "%",))]
+        if not matches:
+            raise LedgerError(f"nothing in {self.path} matches {prefix!r}")
+        if len(matches) > 1:
+            raise LedgerError(f"{prefix!r} matches more than one; give more digits")
+        return matches[0]
+
+    def facts_raw(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, bytes]]:
+        """(id, raw signed bytes) of stored facts, oldest first: what sync and export send."""
+        sql = "SELECT id, raw FROM facts"
+        kinds = list(kinds or [])
+        if kinds:
+            sql += f" WHERE kind IN ({', '.join('?' * len(kinds))})"
+        yield from self.conn.execute(sql + " ORDER BY time, id", kinds)
+
+    def head_body(self) -> dict:
+        """This node's `head`: what it holds, for peers that want to know what they lack."""
+        ids = [r[0] for r in self.conn.execute("SELECT id FROM facts")]
+        authors = {
+            bytes.fromhex(key): seq
+            for key, seq in self.conn.execute(
+                "SELECT p.public_key, MAX(f.seq) FROM facts f JOIN peers p ON p.peer_id = f.author "
+                "GROUP BY f.author"
+            )
+        }
+        quorum = self.conn.execute("SELECT quorum FROM campaigns ORDER BY time LIMIT 1").fetchone()
+        board = self.leaderboard(quorum=quorum[0] if quorum else 1, limit=1)
+        return wire.head_body(ids, authors, {p: rows[0]["child"] for p, rows in board.items()})

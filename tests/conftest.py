@@ -1,0 +1,55 @@
+"""Shared fixtures: identities and signed facts built the way a node builds them."""
+
+from __future__ import annotations
+
+import pytest
+
+from node import wire
+from node.identity import Identity
+
+CAMPAIGN = "demo"
+HARNESS = "ab" * 32
+BASELINE = "00" * 32
+T0 = 1_790_000_000_000  # a fixed clock (ms), so that tests never depend on today's date
+
+
+def make_result(
+    who: Identity, seq: int, parent: str, child: str, val_bpb: float | None, *,
+    outcome: str = "keep", profile: str = "cpu", harness: str = HARNESS, time_ms: int | None = None,
+    description: str = "an experiment",
+) -> wire.Fact:  # fmt: skip
+    metrics = {"val_bpb": val_bpb, "steps": 100, "tokens": 51200, "train_seconds": 60.0,
+               "total_seconds": 75.5, "peak_memory_mb": 812.0, "mfu": 0.02}  # fmt: skip
+    body = wire.result_body(
+        parent=parent, child=child, diff=f"diff {seq} {child}".encode(), description=description,
+        profile=profile, harness=harness, seed=seq, outcome=outcome, metrics=metrics,
+    )  # fmt: skip
+    return wire.sign(
+        who, "result", CAMPAIGN, seq, body, T0 + seq * 1000 if time_ms is None else time_ms
+    )
+
+
+def make_verification(
+    who: Identity, seq: int, result: wire.Fact, verdict: str = "confirm", *,
+    harness: str = HARNESS, delta: float = -0.01,
+) -> wire.Fact:  # fmt: skip
+    body = wire.verification_body(
+        result=result.id, child_val_bpb=1.5 + delta, parent_val_bpb=1.5, seed=7,
+        profile=result.body["profile"], harness=harness, verdict=verdict,
+    )  # fmt: skip
+    return wire.sign(who, "verification", CAMPAIGN, seq, body, T0 + 500_000 + seq * 1000)
+
+
+@pytest.fixture
+def alice() -> Identity:
+    return Identity(bytes(range(32)))
+
+
+@pytest.fixture
+def bob() -> Identity:
+    return Identity(bytes(range(1, 33)))
+
+
+@pytest.fixture
+def carol() -> Identity:
+    return Identity(bytes(range(2, 34)))

@@ -1,0 +1,192 @@
+"""The wire format: canonical bytes, total decoding, one counted reason for every rejection."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import msgpack
+import pytest
+from conftest import CAMPAIGN, HARNESS, T0, make_result
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from node import wire
+from node.identity import Identity
+from node.wire import Reason
+
+_spec = importlib.util.spec_from_file_location(
+    "fuzz_wire", Path(__file__).resolve().parent.parent / "scripts" / "fuzz_wire.py"
+)
+fuzz_wire = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fuzz_wire)
+
+sha = st.binary(min_size=32, max_size=32).map(bytes.hex)
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+maybe = st.one_of(st.none(), finite)
+uint = st.integers(min_value=0, max_value=2**63 - 1)
+metrics = st.fixed_dictionaries(
+    {"val_bpb": finite, "steps": uint, "tokens": uint, "train_seconds": maybe,
+     "total_seconds": maybe, "peak_memory_mb": maybe, "mfu": maybe}
+)  # fmt: skip
+result_bodies = st.builds(
+    wire.result_body,
+    parent=sha, child=sha, diff=st.binary(max_size=2000), harness=sha, seed=uint,
+    description=st.text(max_size=300), profile=st.from_regex(r"[a-z0-9][a-z0-9_-]{0,31}", fullmatch=True),
+    outcome=st.sampled_from(["keep", "discard"]), metrics=metrics,
+)  # fmt: skip
+seeds = st.binary(min_size=32, max_size=32)
+
+
+def _envelope(fact: wire.Fact) -> dict:
+    return msgpack.unpackb(fact.raw, raw=False, strict_map_key=False)
+
+
+def _resign(who: Identity, env: dict) -> bytes:
+    """Sign an envelope as given (even a bad one), as a peer with a modified client would."""
+    env = {k: v for k, v in env.items() if k != "sig"}
+    env["sig"] = who.sign(wire.canonical(env))
+    return wire.canonical(env)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=seeds, body=result_bodies, seq=st.integers(1, 2**63 - 1), t=st.integers(0, 2**53))
+def test_a_signed_result_decodes_to_the_same_fact(seed, body, seq, t):
+    fact = wire.sign(Identity(seed), "result", CAMPAIGN, seq, body, t)
+    again = wire.decode(fact.raw, CAMPAIGN, now_ms=t)
+    assert again == fact
+    assert again.body == body and again.seq == seq and again.time == t
+    assert again.id == wire.fact_id(fact.raw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=result_bodies, order=st.randoms(use_true_random=False))
+def test_canonical_bytes_do_not_depend_on_key_order(body, order):
+    def shuffled(value):
+        if isinstance(value, dict):
+            items = list(value.items())
+            order.shuffle(items)
+            return {k: shuffled(v) for k, v in items}
+        return value
+
+    assert wire.canonical(shuffled(body)) == wire.canonical(body)
+    assert wire.canonical(msgpack.unpackb(wire.canonical(body), raw=False)) == wire.canonical(body)
+
+
+def test_signing_twice_gives_the_same_bytes_and_id(alice):
+    first = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
+    second = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
+    assert first.raw == second.raw and first.id == second.id
+
+
+def test_forged_signature_is_rejected(alice, bob):
+    fact = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
+    env = _envelope(fact)
+    env["sig"] = bob.sign(wire.canonical({k: v for k, v in env.items() if k != "sig"}))
+    out = wire.decode(wire.canonical(env), CAMPAIGN, now_ms=T0)
+    assert out.reason is Reason.bad_signature
+
+
+def test_changing_a_signed_number_breaks_the_signature(alice):
+    env = _envelope(make_result(alice, 1, "00" * 32, "11" * 32, 1.5))
+    env["body"]["metrics"]["val_bpb"] = 1.0  # a better score, claimed after signing
+    assert wire.decode(wire.canonical(env), CAMPAIGN, now_ms=T0).reason is Reason.bad_signature
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda e: e.update(v=2), Reason.unknown_version),
+        (lambda e: e.update(v="1"), Reason.bad_type),
+        (lambda e: e.update(kind="gossip"), Reason.unknown_kind),
+        (lambda e: e.pop("seq"), Reason.missing_field),
+        (lambda e: e.update(extra=1), Reason.extra_field),
+        (lambda e: e.update(seq=0), Reason.bad_type),
+        (lambda e: e.update(seq=True), Reason.bad_type),
+        (lambda e: e.update(time=-5), Reason.bad_type),
+        (lambda e: e["body"].pop("seed"), Reason.missing_field),
+        (lambda e: e["body"].update(note="hi"), Reason.extra_field),
+        (lambda e: e["body"].update(child="XY" * 32), Reason.bad_type),
+        (lambda e: e["body"].update(outcome="win"), Reason.bad_type),
+        (lambda e: e["body"].update(description="two\nlines"), Reason.bad_type),
+        (lambda e: e["body"]["metrics"].update(val_bpb=float("nan")), Reason.bad_type),
+        (lambda e: e["body"]["metrics"].update(val_bpb=None), Reason.bad_type),  # keep w/o score
+        (lambda e: e["body"]["metrics"].update(steps=1.0), Reason.bad_type),
+        (lambda e: e["body"].update(description="x" * 5000), Reason.oversized),
+        (lambda e: e.update(campaign="elsewhere"), Reason.foreign_campaign),
+        (lambda e: e.update(time=T0 + 3_600_000), Reason.future_time),
+    ],
+)
+def test_each_bad_envelope_is_rejected_with_its_reason(alice, change, reason):
+    env = _envelope(make_result(alice, 1, "00" * 32, "11" * 32, 1.5, time_ms=T0))
+    change(env)
+    out = wire.decode(_resign(alice, env), CAMPAIGN, now_ms=T0)
+    assert isinstance(out, wire.Rejection)
+    assert out.reason is reason, out.detail
+
+
+def test_non_canonical_encodings_of_a_valid_fact_are_malformed(alice):
+    fact = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
+    env = _envelope(fact)
+    unsorted = msgpack.packb(dict(reversed(list(env.items()))), use_bin_type=True)
+    float32 = msgpack.packb(env, use_bin_type=True, use_single_float=True)
+    for raw in (unsorted, float32, fact.raw + b"\xc0"):
+        out = wire.decode(raw, CAMPAIGN, now_ms=T0 + 10_000)
+        assert out.reason is Reason.malformed
+
+
+def test_oversized_input_is_refused_before_unpacking():
+    huge = b"\xdb" + (50_000_000).to_bytes(4, "big") + b"x" * 300_000
+    assert wire.decode(huge).reason is Reason.oversized
+    claims_gigabytes = b"\xdd\xff\xff\xff\xff"  # an array header claiming 4 billion items
+    assert wire.decode(claims_gigabytes).reason is Reason.malformed
+    assert wire.decode("not bytes").reason is Reason.malformed
+
+
+def test_a_campaign_must_be_signed_by_its_organiser(alice, bob):
+    body = wire.campaign_body(
+        name=CAMPAIGN, organiser=bob.public_key, program=b"# go", baseline="00" * 32,
+        profiles=["cpu"], quorum=2, data={"tokenizer": HARNESS},
+    )  # fmt: skip
+    with pytest.raises(wire.WireError, match="organiser"):
+        wire.sign(alice, "campaign", CAMPAIGN, 1, body, T0)
+    assert wire.sign(bob, "campaign", CAMPAIGN, 1, body, T0).body["quorum"] == 2
+
+
+def test_a_diff_is_checked_against_its_hash_and_size(alice):
+    diff = b"--- a/train.py\n+++ b/train.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+    sha256, size = wire.content_ref(diff)
+    assert wire.content_matches(diff, sha256, size)
+    assert not wire.content_matches(diff + b" ", sha256, size)
+    assert not wire.content_matches(diff, sha256, size + 1)
+    body = wire.result_body(
+        parent="00" * 32, child="11" * 32, diff=diff, description="x", profile="cpu",
+        harness=HARNESS, seed=1, outcome="crash", metrics={"val_bpb": None},
+    )  # fmt: skip
+    assert (body["diff_sha256"], body["diff_size"]) == (sha256, size)
+    assert wire.sign(alice, "result", CAMPAIGN, 1, body, T0).body["outcome"] == "crash"
+
+
+def test_reusing_a_sequence_number_is_a_replay_and_old_heads_are_stale(alice):
+    first = make_result(alice, 5, "00" * 32, "11" * 32, 1.5)
+    other = make_result(alice, 5, "00" * 32, "22" * 32, 1.4)
+    assert wire.check_sequence(first, None, None) is None
+    assert wire.check_sequence(first, first.id, None) is None  # the same fact again
+    assert wire.check_sequence(other, first.id, None).reason is Reason.replay
+    head = wire.sign(alice, "head", CAMPAIGN, 3, wire.head_body([], {}, {}), T0)
+    assert wire.check_sequence(head, None, 4).reason is Reason.seq_backwards
+    assert wire.check_sequence(head, None, 2) is None
+
+
+def test_ten_thousand_mutated_and_random_envelopes_are_all_rejected_with_a_reason():
+    rng = random.Random(1)
+    facts = fuzz_wire.seed_facts(rng)
+    reasons = set()
+    stream = fuzz_wire.mutants(rng, facts)
+    for _ in range(10_000):
+        out = wire.decode(next(stream), fuzz_wire.CAMPAIGN, now_ms=2_000_000)
+        assert isinstance(out, wire.Rejection)
+        assert isinstance(out.reason, Reason) and not out.detail.startswith("decoder bug")
+        reasons.add(out.reason)
+    assert {Reason.malformed, Reason.bad_signature, Reason.oversized, Reason.future_time} <= reasons
