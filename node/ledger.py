@@ -203,7 +203,8 @@ class Ledger:
                 "SELECT head_seq FROM peers WHERE peer_id = ?", (author,)
             ).fetchone()
             head_seq = peer[0] if peer else None
-        if rejection := wire.check_sequence(fact, row[0] if row else None, head_seq):
+        rejection = wire.check_sequence(fact, row[0] if row else None, head_seq)
+        if rejection is not None:
             return rejection
         if row:  # the same fact again: already stored, nothing to do
             return fact

@@ -76,9 +76,6 @@ class Rejection:
     detail: str
     author: bytes | None = None  # the claimed author, when the envelope got that far
 
-    def __bool__(self) -> bool:  # `if fact := decode(...)` reads naturally
-        return False
-
 
 @dataclass(frozen=True)
 class Fact:

@@ -1,0 +1,356 @@
+"""The ledger: facts stored once, rejections counted, readers beside a writer, kill -9 safe."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BASELINE, CAMPAIGN, T0, make_result, make_verification
+from test_wire import _envelope, _resign, fuzz_wire
+
+from node import consensus, ledger, wire
+from node.identity import Identity
+from node.ledger import Ledger, LedgerError
+from node.wire import Reason
+
+V1, V2, V3 = "11" * 32, "22" * 32, "33" * 32
+
+
+@pytest.fixture
+def book(tmp_path) -> Ledger:
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as opened:
+        yield opened
+
+
+def _count(book: Ledger, table: str) -> int:
+    return book.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+
+def test_a_fact_is_stored_once_however_often_it_arrives(book, alice):
+    fact = make_result(alice, 1, BASELINE, V1, 1.5)
+    outs = book.ingest_many([fact.raw, fact.raw])
+    assert outs == [fact, fact]
+    assert book.ingest(fact.raw) == fact
+    assert _count(book, "facts") == 1 and _count(book, "results") == 1
+    assert book.rows("SELECT facts, results FROM peers") == [{"facts": 1, "results": 1}]
+    assert book.conn.execute("SELECT raw FROM facts").fetchone()[0] == fact.raw
+
+
+def test_an_acknowledged_fact_is_visible_to_another_connection(book, alice):
+    fact = make_result(alice, 1, BASELINE, V1, 1.5)
+    book.ingest(fact.raw)
+    other = sqlite3.connect(book.path)
+    assert other.execute("SELECT id FROM facts").fetchall() == [(fact.id,)]
+
+
+def test_reusing_a_sequence_number_is_rejected_as_replay_and_charged_to_the_author(book, alice):
+    book.ingest(make_result(alice, 1, BASELINE, V1, 1.5).raw)
+    out = book.ingest(make_result(alice, 1, BASELINE, V2, 1.2).raw)
+    assert out.reason is Reason.replay
+    assert _count(book, "facts") == 1
+    assert book.peers()[0]["rejected"] == {"replay": 1}
+
+
+def test_facts_may_arrive_in_any_order(book, alice):
+    late = make_result(alice, 2, V1, V2, 1.4)
+    early = make_result(alice, 1, BASELINE, V1, 1.5)
+    assert book.ingest_many([late.raw, early.raw]) == [late, early]
+    assert book.next_seq(alice.public_key) == 3
+
+
+def test_rejections_are_counted_against_the_peer_that_delivered_them(book, alice, bob):
+    env = _envelope(make_result(alice, 1, BASELINE, V1, 1.5))
+    env["body"]["metrics"]["val_bpb"] = 0.5
+    forged = wire.canonical(env)
+    assert book.ingest(forged, from_peer=bob.peer_id).reason is Reason.bad_signature
+    assert book.ingest(forged).reason is Reason.bad_signature  # no courier known
+    rejected = {p["peer_id"]: p["rejected"] for p in book.peers()}
+    # The claimed author (alice) is not blamed for a forgery: anyone can claim to be alice.
+    assert rejected == {bob.peer_id: {"bad_signature": 1}, "unknown": {"bad_signature": 1}}
+    assert book.summary()["rejected"] == {"bad_signature": 2}
+
+
+def test_foreign_campaign_facts_are_refused(book, alice):
+    env = _envelope(make_result(alice, 1, BASELINE, V1, 1.5))
+    env["campaign"] = "other"
+    assert book.ingest(_resign(alice, env)).reason is Reason.foreign_campaign
+
+
+def test_ten_thousand_mutants_leave_the_ledger_unchanged_and_are_all_counted(book):
+    rng = random.Random(2)
+    seeds = fuzz_wire.seed_facts(rng)
+    book.campaign = fuzz_wire.CAMPAIGN
+    assert all(
+        isinstance(o, wire.Fact) for o in book.ingest_many([f.raw for f in seeds], now_ms=2_000_000)
+    )
+    before = {
+        t: book.rows(f"SELECT * FROM {t}")
+        for t in ("facts", "results", "verifications", "campaigns")
+    }
+    stream = fuzz_wire.mutants(rng, seeds)
+    outs = []
+    for _ in range(10):
+        outs += book.ingest_many([next(stream) for _ in range(1000)], now_ms=2_000_000)
+    assert len(outs) == 10_000
+    assert all(isinstance(o, wire.Rejection) and isinstance(o.reason, Reason) for o in outs)
+    assert not any(o.detail.startswith("decoder bug") for o in outs)
+    after = {t: book.rows(f"SELECT * FROM {t}") for t in before}
+    assert after == before
+    assert sum(book.summary()["rejected"].values()) == 10_000
+
+
+def test_a_reader_sees_committed_facts_while_a_writer_holds_a_transaction(book, alice):
+    book.ingest(make_result(alice, 1, BASELINE, V1, 1.5).raw)
+    writer = sqlite3.connect(book.path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO runs (profile, outcome) VALUES ('cpu', 'keep')")
+    with Ledger(book.path, readonly=True) as reader:
+        assert reader.summary()["facts"] == {"result": 1}
+        assert reader.summary()["runs"] == 0
+        writer.execute("COMMIT")
+        assert reader.summary()["runs"] == 1
+        with pytest.raises(LedgerError, match="read-only"):
+            reader.add_version(b"x = 1\n")
+
+
+def test_versions_are_stored_by_hash_and_checked(book):
+    source = b"print('train')\n"
+    digest = book.add_version(source)
+    assert book.version(digest) == source and book.add_version(source, digest) == digest
+    with pytest.raises(LedgerError, match="hash to"):
+        book.add_version(source, "00" * 32)
+
+
+def test_own_runs_are_recorded_with_their_log_paths(book):
+    run_id = book.record_run(profile="cpu", outcome="keep", val_bpb=1.5, log_path="/runs/1/log")
+    assert book.rows("SELECT id, log_path FROM runs") == [{"id": run_id, "log_path": "/runs/1/log"}]
+    with pytest.raises(LedgerError, match="unknown run fields"):
+        book.record_run(colour="red")
+
+
+# ---------------------------------------------------------------- schema
+
+
+def test_a_newer_schema_is_refused_rather_than_misread(tmp_path):
+    Ledger(tmp_path / "l.db").close()
+    sqlite3.connect(tmp_path / "l.db").execute("PRAGMA user_version = 99")
+    with pytest.raises(LedgerError, match="upgrade"):
+        Ledger(tmp_path / "l.db")
+
+
+def test_files_that_are_not_ledgers_are_clear_errors(tmp_path):
+    other = sqlite3.connect(tmp_path / "other.db")
+    other.execute("CREATE TABLE t (x)")
+    other.commit()
+    with pytest.raises(LedgerError, match="not a research-swarm ledger"):
+        Ledger(tmp_path / "other.db")
+    (tmp_path / "junk.db").write_bytes(b"hello, this is not sqlite" * 100)
+    with pytest.raises(LedgerError, match="cannot open"):
+        Ledger(tmp_path / "junk.db")
+    with pytest.raises(LedgerError, match="no ledger"):
+        Ledger(tmp_path / "absent.db", readonly=True)
+
+
+def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, alice):
+    with Ledger(tmp_path / "l.db") as v1:
+        v1.ingest(make_result(alice, 1, BASELINE, V1, 1.5).raw)
+        assert v1.schema_version == 1
+    calls = []
+
+    def step_2(db):
+        calls.append(2)
+        db["results"].add_column("note", str)
+
+    monkeypatch.setattr(ledger, "MIGRATIONS", [*ledger.MIGRATIONS, step_2])
+    with Ledger(tmp_path / "l.db") as v2:
+        assert v2.schema_version == 2 and "note" in v2.db["results"].columns_dict
+        assert _count(v2, "facts") == 1
+    Ledger(tmp_path / "l.db").close()
+    assert calls == [2]
+
+
+# ---------------------------------------------------------------- leaderboard and lineage
+
+
+def test_only_confirmations_by_other_peers_with_the_same_harness_verify(book, alice, bob, carol):
+    win = make_result(alice, 1, BASELINE, V1, 1.40)
+    book.ingest_many(
+        [
+            win.raw,
+            make_verification(alice, 2, win).raw,  # the author vouching for itself
+            make_verification(bob, 1, win, harness="cd" * 32).raw,  # measured differently
+            make_verification(carol, 1, win, "refute").raw,
+        ]
+    )
+    assert book.leaderboard() == {}
+    book.ingest(make_verification(bob, 2, win).raw)
+    board = book.leaderboard()
+    assert [e["child"] for e in board["cpu"]] == [V1]
+    assert board["cpu"][0]["found_by"] == alice.peer_id
+    assert board["cpu"][0]["verified_by"] == [bob.peer_id]
+    assert book.leaderboard(quorum=2) == {}
+
+
+def test_a_quorum_counts_distinct_peers(book, alice, bob, carol):
+    win = make_result(alice, 1, BASELINE, V1, 1.40)
+    book.ingest_many(
+        [win.raw, make_verification(bob, 1, win).raw, make_verification(bob, 2, win).raw]
+    )
+    assert book.leaderboard(quorum=2) == {}
+    book.ingest(make_verification(carol, 1, win).raw)
+    assert book.leaderboard(quorum=2)["cpu"][0]["verified_by"] == sorted(
+        [bob.peer_id, carol.peer_id]
+    )
+
+
+def test_the_leaderboard_ranks_by_val_bpb_then_hash_and_ignores_arrival_order(tmp_path, alice, bob):
+    wins = [
+        make_result(alice, 1, BASELINE, V3, 1.30),
+        make_result(alice, 2, BASELINE, V2, 1.30),
+        make_result(alice, 3, BASELINE, V1, 1.45),
+        make_result(alice, 4, BASELINE, "44" * 32, 1.10, outcome="discard"),
+        make_result(alice, 5, BASELINE, "55" * 32, 1.00, profile="gpu"),
+    ]
+    facts = [f.raw for w in wins for f in (w,)] + [
+        make_verification(bob, i + 1, w).raw for i, w in enumerate(wins)
+    ]
+    boards = []
+    for order in range(3):
+        random.Random(order).shuffle(facts)
+        with Ledger(tmp_path / f"{order}.db", campaign=CAMPAIGN) as book:
+            book.ingest_many(facts)
+            boards.append(book.leaderboard())
+    assert boards[0] == boards[1] == boards[2]
+    assert [e["child"] for e in boards[0]["cpu"]] == [V2, V3, V1]
+    assert [e["child"] for e in boards[0]["gpu"]] == ["55" * 32]
+
+
+def test_verified_children_is_a_pure_rule_over_plain_records():
+    results = [{"id": "r", "author": "a", "profile": "cpu", "harness": "h"}]
+    confirm = {"result": "r", "verdict": "confirm", "profile": "cpu", "harness": "h"}
+    verifications = [
+        {**confirm, "author": "b"},
+        {**confirm, "author": "c"},
+        {**confirm, "author": "a"},
+    ]
+    assert consensus.verified_children(results, verifications, 2) == {"r": {"b", "c"}}
+    assert consensus.verified_children(results, verifications, 3) == {}
+    with pytest.raises(ValueError):
+        consensus.verified_children(results, verifications, 0)
+
+
+def test_lineage_walks_back_to_the_baseline_with_deltas(book, alice, bob):
+    steps = [
+        make_result(alice, 1, BASELINE, V1, 1.50, description="wider MLP"),
+        make_result(alice, 2, V1, V2, 1.45, description="lower lr"),
+        make_result(bob, 1, V2, V3, 1.41, description="rotary base 20k"),
+        make_result(bob, 2, V2, "44" * 32, 1.60, outcome="discard"),
+    ]
+    book.ingest_many(
+        [s.raw for s in steps] + [make_verification(bob, 3, steps[1], delta=-0.04).raw]
+    )
+    chain = book.lineage(V3[:8])
+    assert [s["child"] for s in chain] == [V1, V2, V3]
+    assert [s["description"] for s in chain] == ["wider MLP", "lower lr", "rotary base 20k"]
+    assert chain[0]["delta"] is None
+    assert chain[1]["delta"] == pytest.approx(-0.05) and chain[2]["delta"] == pytest.approx(-0.04)
+    assert chain[1]["verified_delta"] == pytest.approx(-0.04) and chain[1]["confirmations"] == 1
+    assert all(s["diff_size"] > 0 for s in chain)
+    with pytest.raises(LedgerError, match="matches"):
+        book.lineage("ff" * 32)
+
+
+def test_lineage_survives_parent_links_that_loop(book, alice):
+    book.ingest_many(
+        [make_result(alice, 1, V2, V1, 1.5).raw, make_result(alice, 2, V1, V2, 1.4).raw]
+    )
+    assert [s["child"] for s in book.lineage(V2)] == [V1, V2]
+
+
+def test_show_rechecks_the_signature_of_a_stored_fact(book, alice):
+    fact = make_result(alice, 1, BASELINE, V1, 1.5)
+    book.ingest(fact.raw)
+    assert book.fact(fact.id[:10])["status"] == "valid"
+    tampered = fact.raw.replace(b"an experiment", b"AN EXPERIMENT")
+    book.conn.execute("UPDATE facts SET raw = ? WHERE id = ?", (tampered, fact.id))
+    assert book.fact(fact.id)["status"].startswith("bad_signature")
+    with pytest.raises(LedgerError, match="not a sha256"):
+        book.fact("xyz")
+
+
+def test_the_head_summarises_what_the_ledger_holds(book, alice, bob):
+    win = make_result(alice, 1, BASELINE, V1, 1.4)
+    book.ingest_many([win.raw, make_verification(bob, 1, win).raw])
+    head = book.head_body()
+    assert head["count"] == 2
+    assert head["authors"] == {alice.public_key: 1, bob.public_key: 1}
+    assert head["best"] == {"cpu": V1}
+    signed = wire.sign(alice, "head", CAMPAIGN, book.next_seq(alice.public_key), head, T0)
+    assert book.ingest(signed.raw, now_ms=T0) == signed
+    stale = wire.sign(alice, "head", CAMPAIGN, 1, wire.head_body([], {}, {}), T0)
+    assert book.ingest(stale.raw, now_ms=T0).reason is Reason.replay
+    newer = wire.sign(alice, "head", CAMPAIGN, signed.seq + 5, head, T0)
+    older = wire.sign(alice, "head", CAMPAIGN, signed.seq + 4, head, T0)
+    assert book.ingest(newer.raw, now_ms=T0) == newer
+    assert book.ingest(older.raw, now_ms=T0).reason is Reason.seq_backwards
+    assert _count(book, "facts") == 2  # heads update the peer, they are not facts to keep
+
+
+# ---------------------------------------------------------------- kill -9
+
+WRITER = """
+import random, sys
+sys.path.insert(0, sys.argv[3])
+from conftest import make_result, make_verification
+from node.identity import Identity
+from node.ledger import Ledger
+book = Ledger(sys.argv[1], campaign="demo")
+rng = random.Random(int(sys.argv[2]))
+me, other = Identity(rng.randbytes(32)), Identity(rng.randbytes(32))
+seq = 1
+while True:
+    batch = []
+    for _ in range(rng.choice([1, 1, 5, 50])):
+        r = make_result(me, seq, "00" * 32, rng.randbytes(32).hex(), rng.random())
+        batch += [r.raw, make_verification(other, seq, r).raw]
+        seq += 1
+    for out in book.ingest_many(batch):
+        print(out.id, flush=True)
+"""
+
+
+def test_kill_9_during_heavy_writes_loses_no_acknowledged_fact(tmp_path):
+    path = tmp_path / "ledger.db"
+    acknowledged: set[str] = set()
+    for round_ in range(3):
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path), str(round_), str(Path(__file__).parent)],
+            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent,
+        )  # fmt: skip
+        target, seen = random.Random(round_).randrange(500, 3000), 0
+        for line in writer.stdout:  # kill it mid-stream, while it is still writing
+            acknowledged.add(line.strip())
+            seen += 1
+            if seen >= target:
+                break
+        assert seen == target
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait()
+        assert writer.returncode == -signal.SIGKILL
+        with Ledger(path, campaign=CAMPAIGN) as book:
+            assert book.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            stored = {r[0] for r in book.conn.execute("SELECT id FROM facts")}
+            assert acknowledged <= stored
+            assert _count(book, "results") + _count(book, "verifications") == len(stored)
+
+
+def test_an_identity_seed_never_reaches_the_ledger(book, alice):
+    book.ingest(make_result(alice, 1, BASELINE, V1, 1.5).raw)
+    assert alice.seed not in Path(book.path).read_bytes()
+    assert isinstance(Identity(alice.seed), Identity)
