@@ -1,0 +1,165 @@
+"""`swarm keys` and `swarm ledger`, driven as a user would: tables for people, JSON for programs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BASELINE, CAMPAIGN, T0, make_result, make_verification
+from typer.testing import CliRunner
+
+from node.cli import app
+from node.identity import load_identity
+from node.ledger import Ledger, ledger_path
+
+V1, V2 = "11" * 32, "22" * 32
+runner = CliRunner()
+
+
+def swarm(*args: str) -> str:
+    result = runner.invoke(app, list(args), env={"COLUMNS": "200"})
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.output
+
+
+@pytest.fixture
+def home(tmp_path, alice, bob) -> Path:
+    first = make_result(alice, 1, BASELINE, V1, 1.50, description="wider MLP")
+    second = make_result(alice, 2, V1, V2, 1.45, description="lower learning rate")
+    crash = make_result(
+        bob, 1, V1, "33" * 32, None, outcome="crash", description="bigger batch", time_ms=T0 + 9000
+    )
+    with Ledger(ledger_path(tmp_path), campaign=CAMPAIGN) as book:
+        book.ingest_many(
+            [first.raw, second.raw, crash.raw, make_verification(bob, 2, first).raw,
+             make_verification(bob, 3, second, delta=-0.05).raw, b"\x93junk"]
+        )  # fmt: skip
+        book.record_run(profile="cpu", outcome="keep", log_path=str(tmp_path / "runs/1/log"))
+    return tmp_path
+
+
+def test_keys_show_creates_the_key_once_and_prints_the_peer_id(tmp_path):
+    shown = json.loads(swarm("keys", "show", "--home", str(tmp_path), "--json"))
+    assert shown["created"] and shown["peer_id"].startswith("12D3KooW")
+    again = json.loads(swarm("keys", "show", "--home", str(tmp_path), "--json"))
+    assert not again["created"] and again["peer_id"] == shown["peer_id"]
+    assert load_identity(tmp_path).public_key.hex() == shown["public_key"]
+    assert shown["peer_id"] in swarm("keys", "show", "--home", str(tmp_path))
+
+
+def test_keys_new_refuses_to_replace_a_key_without_force(tmp_path):
+    first = json.loads(swarm("keys", "new", "--home", str(tmp_path), "--json"))["peer_id"]
+    refused = runner.invoke(app, ["keys", "new", "--home", str(tmp_path)])
+    assert refused.exit_code != 0 and "--force" in str(refused.exception)
+    assert load_identity(tmp_path).peer_id == first
+    forced = json.loads(swarm("keys", "new", "--home", str(tmp_path), "--force", "--json"))
+    assert forced["peer_id"] != first == first
+
+
+def test_summary_counts_what_the_ledger_holds(home):
+    info = json.loads(swarm("ledger", "summary", "--home", str(home), "--json"))
+    assert info["facts"] == {"result": 3, "verification": 2}
+    assert info["outcomes"] == {"keep": 2, "crash": 1}
+    assert info["rejected"] == {"malformed": 1} and info["runs"] == 1
+    text = swarm("ledger", "summary", "--db", str(ledger_path(home)))
+    assert "result 3" in text and "malformed 1" in text
+
+
+def test_experiments_are_newest_first_and_filter(home, bob):
+    rows = json.loads(swarm("ledger", "experiments", "--home", str(home), "--json"))
+    assert [r["description"] for r in rows] == ["bigger batch", "lower learning rate", "wider MLP"]
+    kept = json.loads(
+        swarm("ledger", "experiments", "--home", str(home), "--outcome", "keep", "--json")
+    )
+    assert {r["outcome"] for r in kept} == {"keep"} and len(kept) == 2
+    by_bob = json.loads(
+        swarm("ledger", "experiments", "--home", str(home), "--peer", bob.peer_id, "--json")
+    )
+    assert [r["description"] for r in by_bob] == ["bigger batch"]
+    none = json.loads(
+        swarm("ledger", "experiments", "--home", str(home), "--profile", "gpu", "--json")
+    )
+    assert none == []
+    table = swarm("ledger", "experiments", "--home", str(home))
+    assert "lower learning rate" in table and "1.4500" in table and V2[:12] in table
+
+
+def test_leaderboard_shows_verified_versions_with_finder_and_verifiers(home, alice, bob):
+    board = json.loads(swarm("ledger", "leaderboard", "--home", str(home), "--json"))
+    assert [e["child"] for e in board["cpu"]] == [V2, V1]
+    assert board["cpu"][0]["found_by"] == alice.peer_id
+    assert board["cpu"][0]["verified_by"] == [bob.peer_id]
+    assert (
+        json.loads(swarm("ledger", "leaderboard", "--home", str(home), "--quorum", "2", "--json"))
+        == {}
+    )
+    table = swarm("ledger", "leaderboard", "--home", str(home))
+    assert "profile cpu" in table and "1.4500" in table and bob.peer_id[-8:] in table
+
+
+def test_lineage_prints_the_chain_from_the_baseline(home):
+    chain = json.loads(swarm("ledger", "lineage", V2[:10], "--home", str(home), "--json"))
+    assert [s["child"] for s in chain] == [V1, V2]
+    assert chain[1]["delta"] == pytest.approx(-0.05)
+    table = swarm("ledger", "lineage", V2, "--home", str(home))
+    assert "wider MLP" in table and "-0.0500" in table
+
+
+def test_peers_show_standing_and_rejections(home, alice, bob):
+    peers = {
+        p["peer_id"]: p for p in json.loads(swarm("ledger", "peers", "--home", str(home), "--json"))
+    }
+    assert peers[alice.peer_id]["results"] == 2 and peers[alice.peer_id]["confirmations"] == 2
+    assert peers[bob.peer_id]["verifications"] == 2
+    assert peers["unknown"]["rejected"] == {"malformed": 1}
+    assert alice.peer_id in swarm("ledger", "peers", "--home", str(home))
+
+
+def test_show_decodes_a_fact_and_checks_its_signature(home, alice):
+    fact_id = json.loads(swarm("ledger", "experiments", "--home", str(home), "--json"))[-1]["id"]
+    info = json.loads(swarm("ledger", "show", fact_id[:12], "--home", str(home), "--json"))
+    assert info["id"] == fact_id and info["status"] == "valid"
+    assert info["envelope"]["body"]["description"] == "wider MLP"
+    assert info["envelope"]["author"] == alice.public_key.hex()
+    text = swarm("ledger", "show", fact_id, "--home", str(home))
+    assert "valid" in text and alice.peer_id in text and "wider MLP" in text
+
+
+def test_export_writes_csv_and_json(home, tmp_path):
+    rows = list(
+        csv.DictReader(
+            io.StringIO(swarm("ledger", "export", "--home", str(home), "--format", "csv"))
+        )
+    )
+    assert len(rows) == 3 and {r["outcome"] for r in rows} == {"keep", "crash"}
+    out = tmp_path / "facts.json"
+    swarm("ledger", "export", "--home", str(home), "--table", "facts", "--output", str(out))
+    facts = json.loads(out.read_text())
+    assert len(facts) == 5 and all(len(bytes.fromhex(f["raw"])) > 100 for f in facts)
+
+
+def test_user_mistakes_are_one_line_errors_not_tracebacks(home, tmp_path):
+    cases = [
+        (["ledger", "summary", "--db", str(tmp_path / "absent.db")], "no ledger at"),
+        (["ledger", "show", "zz", "--home", str(home)], "not a sha256"),
+        (["ledger", "show", "abcdef", "--home", str(home)], "nothing in"),
+        (["ledger", "lineage", "99" * 32, "--home", str(home)], "nothing in"),
+        (["keys", "new", "--home", str(home / "k")], None),
+        (["keys", "new", "--home", str(home / "k")], "--force"),
+    ]
+    for args, message in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
+            cwd=Path(__file__).parent.parent,
+        )  # fmt: skip
+        if message is None:
+            assert done.returncode == 0, done.stderr
+            continue
+        assert done.returncode == 1, (args, done.stderr)
+        assert "Traceback" not in done.stderr and done.stderr.startswith("error:")
+        assert message in done.stderr
