@@ -152,7 +152,8 @@ def summary(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = 
     if as_json:
         _print_json(info)
         return
-    table = Table(title=f"ledger {info['path']}", show_header=False)
+    table = Table(title="ledger", show_header=False)
+    table.add_row("file", info["path"])
     table.add_row("schema", str(info["schema_version"]))
     table.add_row("campaigns", ", ".join(info["campaigns"]) or "-")
     table.add_row("facts", _counts(info["facts"]))
@@ -280,16 +281,8 @@ def peers(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = Fa
         _print_json(rows)
         return
     table = Table(title=f"peers ({len(rows)})")
-    for name in (
-        "peer",
-        "first seen",
-        "last seen",
-        "results",
-        "verifs",
-        "✓ got",
-        "✗ got",
-        "rejected",
-    ):
+    table.add_column("peer", no_wrap=True, min_width=52)  # whole: people paste it into --peer
+    for name in ("first seen", "last seen", "results", "verifs", "✓ got", "✗ got", "rejected"):
         table.add_column(name)
     for p in rows:
         table.add_row(
