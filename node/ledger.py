@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +26,7 @@ from node.identity import peer_id_from_public_key
 
 LEDGER_FILE = "ledger.db"  # inside the node's home
 MAX_LINEAGE = 10_000  # steps walked back before giving up (parent links may loop)
+_PAGE = 500  # rows per query where a query walks a long list
 
 
 class LedgerError(SwarmError):
@@ -57,7 +59,7 @@ def _schema_1(db: sqlite_utils.Database) -> None:
     db["results"].create_index(["time"])
     db["results"].create_index(["author", "time"])
     db["results"].create_index(["child"])
-    db["results"].create_index(["outcome", "profile"])
+    db["results"].create_index(["outcome", "profile", "val_bpb", "child", "id"])
     db["verifications"].create(
         {"id": str, "campaign": str, "author": str, "time": int, "result": str,
          "child_val_bpb": float, "parent_val_bpb": float, "delta": float, "seed": int,
@@ -360,38 +362,74 @@ class Ledger:
         )
         return self.rows(sql, [*params, limit])
 
+    def _confirmations(self, result_ids: list[str]) -> list[dict]:
+        marks = ", ".join("?" * len(result_ids))
+        return self.rows(
+            "SELECT result, author, verdict, profile, harness FROM verifications "
+            f"WHERE verdict = 'confirm' AND result IN ({marks})",
+            result_ids,
+        )
+
     def leaderboard(self, quorum: int = 1, limit: int = 10) -> dict[str, list[dict]]:
-        """Per profile, the best verified train.py versions, lowest val_bpb first (ties by hash)."""
-        # Only kept results with a confirmation can be verified; consensus decides which are.
-        results = self.rows(
-            "SELECT id, author, time, profile, parent, child, harness, val_bpb, description "
-            "FROM results r WHERE outcome = 'keep' AND val_bpb IS NOT NULL AND EXISTS "
-            "(SELECT 1 FROM verifications v WHERE v.result = r.id AND v.verdict = 'confirm')"
-        )
-        verifications = self.rows(
-            "SELECT v.result, v.author, v.verdict, v.profile, v.harness FROM verifications v "
-            "JOIN results r ON r.id = v.result WHERE v.verdict = 'confirm' AND r.outcome = 'keep'"
-        )
-        verified = consensus.verified_children(results, verifications, quorum)
-        best: dict[tuple[str, str], dict] = {}
-        for r in sorted(results, key=lambda r: (r["time"], r["id"])):
-            if r["id"] not in verified:
-                continue
-            key = (r["profile"], r["child"])
-            entry = best.setdefault(
-                key, {**r, "found_by": r["author"], "verified_by": set(), "result": r["id"]}
-            )
-            entry["val_bpb"] = min(entry["val_bpb"], r["val_bpb"])
-            entry["verified_by"] |= verified[r["id"]]
+        """Per profile, the best verified train.py versions, lowest val_bpb first (ties by hash).
+
+        Walks each profile's kept results from the best claimed val_bpb up, a page at a time,
+        until `limit` versions are verified (by `consensus`): the cost follows what is shown,
+        not the size of the ledger.
+        """
+        columns = "id, author, time, profile, parent, child, harness, val_bpb, description"
         board: dict[str, list[dict]] = {}
-        for entry in sorted(best.values(), key=lambda e: (e["val_bpb"], e["child"])):
-            entry["verified_by"] = sorted(entry["verified_by"])
-            for drop in ("author", "id", "harness"):
-                entry.pop(drop)
-            rows = board.setdefault(entry["profile"], [])
-            if len(rows) < limit:
-                rows.append(entry)
-        return dict(sorted(board.items()))
+        profiles = self.conn.execute(
+            "SELECT DISTINCT profile FROM results WHERE outcome = 'keep' ORDER BY profile"
+        )
+        for (profile,) in profiles.fetchall():
+            chosen: list[str] = []
+            after: tuple = (-math.inf, "", "")
+            while len(chosen) < limit:
+                page = self.rows(
+                    f"SELECT {columns} FROM results WHERE outcome = 'keep' AND profile = ? "
+                    "AND val_bpb IS NOT NULL AND (val_bpb, child, id) > (?, ?, ?) "
+                    "ORDER BY val_bpb, child, id LIMIT ?",
+                    (profile, *after, _PAGE),
+                )
+                if not page:
+                    break
+                after = (page[-1]["val_bpb"], page[-1]["child"], page[-1]["id"])
+                verified = consensus.verified_children(
+                    page, self._confirmations([r["id"] for r in page]), quorum
+                )
+                for r in page:
+                    if r["id"] in verified and r["child"] not in chosen and len(chosen) < limit:
+                        chosen.append(r["child"])
+            if not chosen:
+                continue
+            # Every kept result of the chosen versions: who found each first, who verified it.
+            results = self.rows(
+                f"SELECT {columns} FROM results WHERE outcome = 'keep' AND profile = ? "
+                f"AND val_bpb IS NOT NULL AND child IN ({', '.join('?' * len(chosen))})",
+                (profile, *chosen),
+            )
+            verified = consensus.verified_children(
+                results, self._confirmations([r["id"] for r in results]), quorum
+            )
+            entries: dict[str, dict] = {}
+            for r in sorted(results, key=lambda r: (r["time"], r["id"])):
+                if r["id"] not in verified:
+                    continue
+                entry = entries.setdefault(
+                    r["child"],
+                    {**r, "found_by": r["author"], "verified_by": set(), "result": r["id"]},
+                )
+                entry["val_bpb"] = min(entry["val_bpb"], r["val_bpb"])
+                entry["verified_by"] |= verified[r["id"]]
+            board[profile] = []
+            for child in chosen:
+                entry = entries[child]
+                entry["verified_by"] = sorted(entry["verified_by"])
+                for drop in ("author", "id", "harness"):
+                    entry.pop(drop)
+                board[profile].append(entry)
+        return board
 
     def lineage(self, child: str) -> list[dict]:
         """The chain of versions from the baseline to `child` (a sha256 or a unique prefix).
@@ -400,35 +438,44 @@ class Ledger:
         size, claimed delta against its parent and the mean delta its confirmations measured.
         """
         child = self._expand(child, "SELECT DISTINCT child FROM results WHERE child LIKE ?")
-        steps: list[dict] = []
+        chain: list[str] = []
         seen: set[str] = set()
         current = child
-        while current not in seen and len(steps) < MAX_LINEAGE:
+        while current not in seen and len(chain) < MAX_LINEAGE:  # parent links may loop
             seen.add(current)
-            rows = self.rows(
-                "SELECT r.id, r.author, r.time, r.profile, r.parent, r.child, r.description, "
-                "r.diff_size, r.val_bpb, r.outcome, (SELECT AVG(v.delta) FROM verifications v "
-                "WHERE v.result = r.id AND v.verdict = 'confirm') AS verified_delta, "
-                "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id "
-                "AND v.verdict = 'confirm') AS confirmations FROM results r WHERE r.child = ? "
-                "ORDER BY (r.outcome = 'keep') DESC, r.time, r.id LIMIT 1",
+            row = self.conn.execute(
+                "SELECT id, parent FROM results WHERE child = ? "
+                "ORDER BY (outcome = 'keep') DESC, time, id LIMIT 1",
                 (current,),
-            )
-            if not rows:
+            ).fetchone()
+            if row is None:
                 break
-            steps.append(rows[0])
-            current = rows[0]["parent"]
-        steps.reverse()
-        for prev, step in zip([None, *steps[:-1]], steps, strict=True):
-            parent_bpb = prev["val_bpb"] if prev else None
-            step["delta"] = (
-                step["val_bpb"] - parent_bpb
-                if step["val_bpb"] is not None and parent_bpb is not None
-                else None
-            )
-        if not steps:
+            chain.append(row[0])
+            current = row[1]
+        if not chain:
             raise LedgerError(f"no result made version {child[:12]}: nothing to trace")
-        return steps
+        steps: dict[str, dict] = {}
+        for start in range(0, len(chain), _PAGE):
+            ids = chain[start : start + _PAGE]
+            marks = ", ".join("?" * len(ids))
+            for r in self.rows(
+                "SELECT id, author, time, profile, parent, child, description, diff_size, val_bpb, "
+                f"outcome, NULL AS verified_delta, 0 AS confirmations FROM results WHERE id IN ({marks})",
+                ids,
+            ):
+                steps[r["id"]] = r
+            for result, delta, count in self.conn.execute(
+                "SELECT result, AVG(delta), COUNT(*) FROM verifications "
+                f"WHERE verdict = 'confirm' AND result IN ({marks}) GROUP BY result",
+                ids,
+            ):
+                steps[result]["verified_delta"], steps[result]["confirmations"] = delta, count
+        ordered = [steps[i] for i in reversed(chain)]
+        for prev, step in zip([None, *ordered[:-1]], ordered, strict=True):
+            parent_bpb = prev["val_bpb"] if prev else None
+            known = step["val_bpb"] is not None and parent_bpb is not None
+            step["delta"] = step["val_bpb"] - parent_bpb if known else None
+        return ordered
 
     def peers(self) -> list[dict]:
         """Every peer seen: facts, results, confirmations and refutations its results received,

@@ -1,0 +1,161 @@
+"""Benchmark the ledger: facts verified and stored per second, and queries on a large ledger.
+
+    nice -n 19 python scripts/bench_ledger.py --facts 100000
+
+Pins itself to one core. Ingest counts decoding, signature checks and the SQLite commit; the
+authors' signing is done beforehand (it is their cost, not the receiver's). Prints the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from node import wire  # noqa: E402
+from node.identity import Identity  # noqa: E402
+from node.ledger import Ledger  # noqa: E402
+
+CAMPAIGN = "bench"
+PROFILES = ("cpu", "gpu", "test")
+BASELINE = "00" * 32
+
+
+def synthetic_facts(count: int, peers: int, seed: int = 0) -> list[bytes]:
+    """A campaign's worth of signed facts: about 70% results (a quarter kept, some crashes),
+    30% verifications of kept results by other peers; kept versions form deep lineages."""
+    rng = random.Random(seed)
+    people = [Identity(rng.randbytes(32)) for _ in range(peers)]
+    seqs = [0] * peers
+    harness = rng.randbytes(32).hex()
+    recent: dict[str, list[tuple[str, float]]] = {p: [(BASELINE, 1.6)] for p in PROFILES}
+    kept: list[tuple[wire.Fact, int]] = []
+    facts: list[bytes] = []
+    now = 1_790_000_000_000
+    while len(facts) < count:
+        now += rng.randrange(50, 2000)
+        who = rng.randrange(peers)
+        seqs[who] += 1
+        if kept and rng.random() < 0.3:
+            result, author = rng.choice(kept[-2000:])
+            if author == who:
+                seqs[who] -= 1
+                continue
+            verdict = rng.choices(["confirm", "refute", "crash"], [80, 15, 5])[0]
+            body = wire.verification_body(
+                result=result.id, child_val_bpb=result.body["metrics"]["val_bpb"] + 0.001,
+                parent_val_bpb=1.5, seed=rng.randrange(100), profile=result.body["profile"],
+                harness=harness, verdict=verdict,
+            )  # fmt: skip
+            facts.append(wire.sign(people[who], "verification", CAMPAIGN, seqs[who], body, now).raw)
+            continue
+        profile = rng.choice(PROFILES)
+        parent, parent_bpb = rng.choice(recent[profile][-20:])
+        outcome = rng.choices(["keep", "discard", "crash"], [25, 65, 10])[0]
+        val_bpb = (
+            None
+            if outcome == "crash"
+            else parent_bpb + rng.gauss(0.0 if outcome == "keep" else 0.01, 0.005)
+        )
+        if outcome == "keep":
+            val_bpb = min(val_bpb, parent_bpb - 1e-5)
+        child = rng.randbytes(32).hex()
+        metrics = {"val_bpb": val_bpb, "steps": 900, "tokens": 460_800, "train_seconds": 120.0,
+                   "total_seconds": 141.2, "peak_memory_mb": 812.5, "mfu": 0.031}  # fmt: skip
+        body = wire.result_body(
+            parent=parent, child=child, diff=rng.randbytes(rng.randrange(200, 3000)),
+            description=f"experiment {len(facts)}: try something", profile=profile,
+            harness=harness, seed=rng.randrange(100), outcome=outcome, metrics=metrics,
+        )  # fmt: skip
+        fact = wire.sign(people[who], "result", CAMPAIGN, seqs[who], body, now)
+        facts.append(fact.raw)
+        if outcome == "keep":
+            kept.append((fact, who))
+            recent[profile].append((child, val_bpb))
+    return facts
+
+
+def timed(fn, repeat: int = 7) -> tuple[float, object]:
+    """Median wall time in milliseconds over `repeat` calls, and the last value returned."""
+    times, value = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        value = fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--facts", type=int, default=100_000, help="size of the large ledger")
+    parser.add_argument("--ingest", type=int, default=10_000, help="facts in the ingest runs")
+    parser.add_argument("--peers", type=int, default=64)
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    workdir = Path(tempfile.mkdtemp(prefix="bench-ledger-"))
+
+    start = time.perf_counter()
+    facts = synthetic_facts(args.facts, args.peers)
+    print(f"signed {len(facts):,} synthetic facts in {time.perf_counter() - start:.1f} s "
+          f"(not counted below)")  # fmt: skip
+
+    sample = facts[: args.ingest]
+    for label, batch in (("one fact per commit", 1), ("100 facts per commit", 100)):
+        with Ledger(workdir / f"ingest-{batch}.db", campaign=CAMPAIGN) as book:
+            start = time.perf_counter()
+            for i in range(0, len(sample), batch):
+                outs = book.ingest_many(sample[i : i + batch], now_ms=2**62)
+                assert all(isinstance(o, wire.Fact) for o in outs)
+            seconds = time.perf_counter() - start
+        print(f"ingest, {label:<22} {len(sample) / seconds:8,.0f} facts/s  ({len(sample):,} facts)")
+    decode_start = time.perf_counter()
+    for raw in sample:
+        wire.decode(raw, CAMPAIGN, now_ms=2**62)
+    print(
+        f"decode + verify only            {len(sample) / (time.perf_counter() - decode_start):8,.0f} facts/s"
+    )
+
+    path = workdir / "large.db"
+    with Ledger(path, campaign=CAMPAIGN) as book:
+        start = time.perf_counter()
+        for i in range(0, len(facts), 1000):
+            book.ingest_many(facts[i : i + 1000], now_ms=2**62)
+        print(f"built a {len(facts):,}-fact ledger in {time.perf_counter() - start:.1f} s "
+              f"({path.stat().st_size / 2**20:.0f} MiB)")  # fmt: skip
+    with Ledger(path, readonly=True) as book:
+        print(f"  {book.summary()['facts']}")
+        ms, board = timed(lambda: book.leaderboard(quorum=1))
+        print(
+            f"leaderboard, quorum 1            {ms:7.1f} ms  ({sum(map(len, board.values()))} rows)"
+        )
+        ms, _ = timed(lambda: book.leaderboard(quorum=2))
+        print(f"leaderboard, quorum 2            {ms:7.1f} ms")
+        best = board["cpu"][0]["child"]
+        ms, chain = timed(lambda: book.lineage(best))
+        print(f"lineage of the best cpu version  {ms:7.1f} ms  ({len(chain)} steps)")
+        deepest = book.rows(
+            "SELECT child FROM results WHERE outcome = 'keep' ORDER BY time DESC LIMIT 1"
+        )
+        ms, chain = timed(lambda: book.lineage(deepest[0]["child"]))
+        print(f"lineage of the newest version    {ms:7.1f} ms  ({len(chain)} steps)")
+        ms, _ = timed(lambda: book.experiments(outcome="keep", profile="gpu"))
+        print(f"experiments (keep, gpu, 50)      {ms:7.1f} ms")
+        ms, _ = timed(lambda: book.summary())
+        print(f"summary                          {ms:7.1f} ms")
+        ms, _ = timed(lambda: book.peers(), repeat=3)
+        print(f"peers                            {ms:7.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
