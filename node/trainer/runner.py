@@ -124,7 +124,9 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
                 profile=profile.name, seed=seed, data_sha256=data.sha256, run_dir=str(run_dir))
     log_path = run_dir / "log.txt"
     read_fd, write_fd = os.pipe()
-    env = {**os.environ, "SWARM_STATUS_FD": str(write_fd), "PYTHONUNBUFFERED": "1"}
+    package_root = str(Path(__file__).resolve().parents[2])  # the harness must import in the child too
+    python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "SWARM_STATUS_FD": str(write_fd), "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     started = time.monotonic()
