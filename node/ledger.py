@@ -480,11 +480,12 @@ class Ledger:
     def peers(self) -> list[dict]:
         """Every peer seen: facts, results, confirmations and refutations its results received,
         and the messages rejected from it by reason."""
+        # CROSS JOIN keeps SQLite walking verifications (fewer) rather than every result.
         standing = {
             r["author"]: r
             for r in self.rows(
                 "SELECT r.author, SUM(v.verdict = 'confirm') AS confirmations, "
-                "SUM(v.verdict = 'refute') AS refutations FROM verifications v "
+                "SUM(v.verdict = 'refute') AS refutations FROM verifications v CROSS "
                 "JOIN results r ON r.id = v.result AND v.author != r.author GROUP BY r.author"
             )
         }
@@ -546,8 +547,10 @@ class Ledger:
         authors = {
             bytes.fromhex(key): seq
             for key, seq in self.conn.execute(
+                # A head has room for MAX_HEAD_AUTHORS; past that, the most recently active.
                 "SELECT p.public_key, MAX(f.seq) FROM facts f JOIN peers p ON p.peer_id = f.author "
-                "GROUP BY f.author"
+                "GROUP BY f.author ORDER BY MAX(f.time) DESC LIMIT ?",
+                (wire.MAX_HEAD_AUTHORS,),
             )
         }
         quorum = self.conn.execute("SELECT quorum FROM campaigns ORDER BY time LIMIT 1").fetchone()

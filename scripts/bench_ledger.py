@@ -110,8 +110,12 @@ def main() -> int:
           f"(not counted below)")  # fmt: skip
 
     sample = facts[: args.ingest]
-    for label, batch in (("one fact per commit", 1), ("100 facts per commit", 100)):
-        with Ledger(workdir / f"ingest-{batch}.db", campaign=CAMPAIGN) as book:
+    runs = [("one fact per commit", 1, False), ("100 facts per commit", 100, False),
+            ("one per commit, fsync", 1, True)]  # fmt: skip
+    for label, batch, durable in runs:
+        with Ledger(
+            workdir / f"ingest-{batch}-{durable}.db", campaign=CAMPAIGN, durable=durable
+        ) as book:
             start = time.perf_counter()
             for i in range(0, len(sample), batch):
                 outs = book.ingest_many(sample[i : i + batch], now_ms=2**62)

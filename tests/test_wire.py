@@ -74,6 +74,21 @@ def test_canonical_bytes_do_not_depend_on_key_order(body, order):
     assert wire.canonical(msgpack.unpackb(wire.canonical(body), raw=False)) == wire.canonical(body)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=seeds,
+    ids=st.lists(sha, max_size=20),
+    authors=st.dictionaries(st.binary(min_size=32, max_size=32), uint, max_size=50),
+    best=st.dictionaries(st.sampled_from(["cpu", "gpu", "test"]), sha),
+)
+def test_a_head_with_binary_keys_round_trips_canonically(seed, ids, authors, best):
+    body = wire.head_body(ids, authors, best)
+    fact = wire.sign(Identity(seed), "head", CAMPAIGN, 1, body, T0)
+    assert wire.decode(fact.raw, CAMPAIGN, now_ms=T0) == fact
+    reordered = dict(reversed(list(authors.items())))
+    assert wire.canonical(wire.head_body(ids[::-1], reordered, best)) == wire.canonical(body)
+
+
 def test_signing_twice_gives_the_same_bytes_and_id(alice):
     first = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
     second = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
