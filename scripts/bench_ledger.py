@@ -51,7 +51,7 @@ def synthetic_facts(count: int, peers: int, seed: int = 0) -> list[bytes]:
             verdict = rng.choices(["confirm", "refute", "crash"], [80, 15, 5])[0]
             body = wire.verification_body(
                 result=result.id, child_val_bpb=result.body["metrics"]["val_bpb"] + 0.001,
-                parent_val_bpb=1.5, seed=rng.randrange(100), profile=result.body["profile"],
+                parent_val_bpb=result.body["metrics"]["val_bpb"] + 0.004, seed=rng.randrange(100), profile=result.body["profile"],
                 harness=harness, verdict=verdict,
             )  # fmt: skip
             facts.append(wire.sign(people[who], "verification", CAMPAIGN, seqs[who], body, now).raw)
