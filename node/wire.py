@@ -459,6 +459,19 @@ def result_body(
     }  # fmt: skip
 
 
+def result_body_from_run(
+    run: Mapping[str, Any], *, parent: str, diff: bytes, description: str, keep: bool
+) -> dict:
+    """The body of a `result` from the trainer's `RunResult.as_dict()` (outcome ok or crash);
+    `keep` is the agent's decision for a run that did not crash."""
+    crashed = run["outcome"] == "crash" or run.get("val_bpb") is None
+    return result_body(
+        parent=parent, child=run["train_py_sha256"], diff=diff, description=description,
+        profile=run["profile"], harness=run["harness_sha256"], seed=run["seed"],
+        outcome="crash" if crashed else ("keep" if keep else "discard"), metrics=run,
+    )  # fmt: skip
+
+
 def verification_body(
     *, result: str, child_val_bpb: float | None, parent_val_bpb: float | None, seed: int,
     profile: str, harness: str, verdict: str,

@@ -89,6 +89,28 @@ def test_a_head_with_binary_keys_round_trips_canonically(seed, ids, authors, bes
     assert wire.canonical(wire.head_body(ids[::-1], reordered, best)) == wire.canonical(body)
 
 
+def test_a_trainer_run_becomes_a_result_body(alice):
+    run = {"outcome": "ok", "val_bpb": 1.2345, "steps": 900, "tokens": 460_800,
+           "train_seconds": 120.0, "total_seconds": 141, "peak_memory_mb": None, "mfu": None,
+           "train_py_sha256": "11" * 32, "harness_sha256": HARNESS, "profile": "cpu", "seed": 3,
+           "data_sha256": "22" * 32, "error": None, "log_tail": "", "run_dir": "/tmp/r"}  # fmt: skip
+    body = wire.result_body_from_run(
+        run, parent="00" * 32, diff=b"-a\n+b\n", description="x", keep=True
+    )
+    assert body["child"] == "11" * 32 and body["harness"] == HARNESS and body["outcome"] == "keep"
+    assert body["metrics"]["total_seconds"] == 141.0 and body["metrics"]["val_bpb"] == 1.2345
+    assert wire.sign(alice, "result", CAMPAIGN, 1, body, T0).body == body
+    crashed = {**run, "outcome": "crash", "val_bpb": None}
+    body = wire.result_body_from_run(
+        crashed, parent="00" * 32, diff=b"", description="x", keep=True
+    )
+    assert body["outcome"] == "crash"
+    discarded = wire.result_body_from_run(
+        run, parent="00" * 32, diff=b"", description="x", keep=False
+    )
+    assert discarded["outcome"] == "discard"
+
+
 def test_signing_twice_gives_the_same_bytes_and_id(alice):
     first = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
     second = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
