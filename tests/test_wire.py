@@ -90,10 +90,13 @@ def test_a_head_with_binary_keys_round_trips_canonically(seed, ids, authors, bes
 
 
 def test_a_trainer_run_becomes_a_result_body(alice):
-    run = {"outcome": "ok", "val_bpb": 1.2345, "steps": 900, "tokens": 460_800,
-           "train_seconds": 120.0, "total_seconds": 141, "peak_memory_mb": None, "mfu": None,
-           "train_py_sha256": "11" * 32, "harness_sha256": HARNESS, "profile": "cpu", "seed": 3,
-           "data_sha256": "22" * 32, "error": None, "log_tail": "", "run_dir": "/tmp/r"}  # fmt: skip
+    from node.trainer.runner import RunResult  # the trainer's own record: the two never drift
+
+    run = RunResult(
+        outcome="ok", val_bpb=1.2345, steps=900, tokens=460_800, train_seconds=120.0,
+        total_seconds=141, peak_memory_mb=None, mfu=None, train_py_sha256="11" * 32,
+        harness_sha256=HARNESS, profile="cpu", seed=3, data_sha256="22" * 32,
+    ).as_dict()  # fmt: skip
     body = wire.result_body_from_run(
         run, parent="00" * 32, diff=b"-a\n+b\n", description="x", keep=True
     )
