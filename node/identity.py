@@ -163,14 +163,17 @@ def new_identity(home: Path, force: bool = False) -> Identity:
             "pass --force if that is what you want"
         )
     identity = Identity.generate()
-    path.parent.mkdir(parents=True, exist_ok=True)
     # Write beside and rename, so that a crash never leaves half a key where the key was.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, identity.to_libp2p_private_key())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, identity.to_libp2p_private_key())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise IdentityError(f"cannot write {path}: {exc.strerror}") from None
     return identity

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from node import identity as ident
+from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import Ledger, LedgerError, ledger_path
 
@@ -83,8 +84,17 @@ def _bpb(value: float | None, signed: bool = False) -> str:
     return "-" if value is None else (f"{value:+.4f}" if signed else f"{value:.4f}")
 
 
+def _home(home: Path | None) -> Path:
+    try:
+        return resolve_home(home)
+    except OSError as exc:
+        raise SwarmError(
+            f"cannot use {home or 'the node home'} as a home: {exc.strerror}"
+        ) from None
+
+
 def _open(home: Path | None, db: Path | None) -> Ledger:
-    path = db if db is not None else ledger_path(resolve_home(home))
+    path = db if db is not None else ledger_path(_home(home))
     if not path.exists():
         hint = "" if db is not None else " (no facts yet: run a node, or pass --db)"
         raise LedgerError(f"no ledger at {path}{hint}")
@@ -100,7 +110,7 @@ def keys_show(home: HomeOption = None, as_json: JsonOption = False) -> None:
 
     Example: swarm keys show --home ~/.research-swarm
     """
-    home_dir = resolve_home(home)
+    home_dir = _home(home)
     created = not ident.key_path(home_dir).exists()
     me = ident.load_identity(home_dir)
     info = {
@@ -129,7 +139,7 @@ def keys_new(
     Replacing the key gives this node a new peer id: peers will not connect it with the facts
     the old key signed. Example: swarm keys new --home /tmp/node2
     """
-    home_dir = resolve_home(home)
+    home_dir = _home(home)
     me = ident.new_identity(home_dir, force=force)
     if as_json:
         _print_json({"peer_id": me.peer_id, "public_key": me.public_key.hex()})
@@ -366,5 +376,8 @@ def export(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        try:
+            output.write_text(text)
+        except OSError as exc:
+            raise SwarmError(f"cannot write {output}: {exc.strerror}") from None
         console.print(f"{len(rows)} {table.value} rows written to {output}", highlight=False)

@@ -143,6 +143,13 @@ def test_export_writes_csv_and_json(home, tmp_path):
     assert len(facts) == 5 and all(len(bytes.fromhex(f["raw"])) > 100 for f in facts)
 
 
+def test_every_command_explains_itself_with_an_example():
+    for group, commands in (("keys", ["show", "new"]), ("ledger", ["summary", "experiments",
+                            "leaderboard", "lineage", "peers", "show", "export"])):  # fmt: skip
+        for command in commands:
+            assert "Example: swarm" in swarm(group, command, "--help")
+
+
 def test_user_mistakes_are_one_line_errors_not_tracebacks(home, tmp_path):
     cases = [
         (["ledger", "summary", "--db", str(tmp_path / "absent.db")], "no ledger at"),
@@ -151,6 +158,11 @@ def test_user_mistakes_are_one_line_errors_not_tracebacks(home, tmp_path):
         (["ledger", "lineage", "99" * 32, "--home", str(home)], "nothing in"),
         (["keys", "new", "--home", str(home / "k")], None),
         (["keys", "new", "--home", str(home / "k")], "--force"),
+        (["keys", "show", "--home", str(home / "ledger.db")], "cannot use"),  # a file, not a dir
+        (
+            ["ledger", "export", "--home", str(home), "--output", str(home / "no/such/dir.csv")],
+            "cannot write",
+        ),
     ]
     for args, message in cases:
         done = subprocess.run(
