@@ -196,31 +196,17 @@ class Ledger:
 
     def _store(self, conn: sqlite3.Connection, fact: wire.Fact, now: int):
         author = fact.peer_id
+        if fact.kind == "head":
+            return self._store_head(conn, fact, author, now)
         row = conn.execute(
             "SELECT id FROM facts WHERE author = ? AND seq = ?", (author, fact.seq)
         ).fetchone()
-        head_seq = None
-        if fact.kind == "head":
-            peer = conn.execute(
-                "SELECT head_seq FROM peers WHERE peer_id = ?", (author,)
-            ).fetchone()
-            head_seq = peer[0] if peer else None
-        rejection = wire.check_sequence(fact, row[0] if row else None, head_seq)
+        rejection = wire.check_sequence(fact, row[0] if row else None, None)
         if rejection is not None:
             return rejection
         if row:  # the same fact again: already stored, nothing to do
             return fact
-        conn.execute(
-            "INSERT INTO peers (peer_id, public_key, first_seen, last_seen) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (peer_id) DO UPDATE SET last_seen = excluded.last_seen",
-            (author, fact.author.hex(), now, now),
-        )
-        if fact.kind == "head":
-            conn.execute(
-                "UPDATE peers SET head_seq = ?, head = ? WHERE peer_id = ?",
-                (fact.seq, fact.raw, author),
-            )
-            return fact
+        self._seen(conn, fact, author, now)
         conn.execute(
             "INSERT INTO facts (id, kind, campaign, author, seq, time, received, raw) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -258,6 +244,29 @@ class Ledger:
             )  # fmt: skip
         return fact
 
+    def _seen(self, conn: sqlite3.Connection, fact: wire.Fact, author: str, now: int) -> None:
+        conn.execute(
+            "INSERT INTO peers (peer_id, public_key, first_seen, last_seen) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (peer_id) DO UPDATE SET last_seen = excluded.last_seen",
+            (author, fact.author.hex(), now, now),
+        )
+
+    def _store_head(self, conn: sqlite3.Connection, fact: wire.Fact, author: str, now: int):
+        peer = conn.execute(
+            "SELECT head_seq, head FROM peers WHERE peer_id = ?", (author,)
+        ).fetchone()
+        if peer and peer[1] == fact.raw:  # the same head again
+            return fact
+        rejection = wire.check_sequence(fact, None, peer[0] if peer else None)
+        if rejection is not None:
+            return rejection
+        self._seen(conn, fact, author, now)
+        conn.execute(
+            "UPDATE peers SET head_seq = ?, head = ? WHERE peer_id = ?",
+            (fact.seq, fact.raw, author),
+        )
+        return fact
+
     def _count_rejection(
         self, conn: sqlite3.Connection, rejection: wire.Rejection, from_peer: str | None, now: int
     ) -> None:
@@ -275,14 +284,11 @@ class Ledger:
         )
 
     def next_seq(self, public_key: bytes) -> int:
-        """The sequence number this author's next fact or head should carry."""
-        author = peer_id_from_public_key(public_key)
+        """The sequence number this author's next fact should carry (heads count by the clock)."""
         row = self.conn.execute(
-            "SELECT MAX(seq), (SELECT head_seq FROM peers WHERE peer_id = ?) FROM facts "
-            "WHERE author = ?",
-            (author, author),
+            "SELECT MAX(seq) FROM facts WHERE author = ?", (peer_id_from_public_key(public_key),)
         ).fetchone()
-        return max(row[0] or 0, row[1] or 0) + 1
+        return (row[0] or 0) + 1
 
     # ------------------------------------------------------------ versions and runs
 
@@ -542,17 +548,37 @@ class Ledger:
         yield from self.conn.execute(sql + " ORDER BY time, id", kinds)
 
     def head_body(self) -> dict:
-        """This node's `head`: what it holds, for peers that want to know what they lack."""
+        """This node's `head`: what it holds, for peers that want to know what they lack.
+
+        Per author it gives n such that it holds every fact with seq 1..n: facts may arrive out
+        of order, and a peer must still send the ones below the highest that are missing here.
+        """
         ids = [r[0] for r in self.conn.execute("SELECT id FROM facts")]
         authors = {
-            bytes.fromhex(key): seq
-            for key, seq in self.conn.execute(
+            bytes.fromhex(key): held
+            for key, held in self.conn.execute(
+                "SELECT p.public_key, CASE WHEN MIN(f.seq) > 1 THEN 0 "
+                "WHEN COUNT(*) = MAX(f.seq) THEN MAX(f.seq) "
+                "ELSE (SELECT MIN(g.seq) FROM facts g WHERE g.author = f.author AND NOT EXISTS "
+                "(SELECT 1 FROM facts h WHERE h.author = g.author AND h.seq = g.seq + 1)) END "
+                "FROM facts f JOIN peers p ON p.peer_id = f.author GROUP BY f.author "
                 # A head has room for MAX_HEAD_AUTHORS; past that, the most recently active.
-                "SELECT p.public_key, MAX(f.seq) FROM facts f JOIN peers p ON p.peer_id = f.author "
-                "GROUP BY f.author ORDER BY MAX(f.time) DESC LIMIT ?",
+                "ORDER BY MAX(f.time) DESC LIMIT ?",
                 (wire.MAX_HEAD_AUTHORS,),
             )
         }
         quorum = self.conn.execute("SELECT quorum FROM campaigns ORDER BY time LIMIT 1").fetchone()
         board = self.leaderboard(quorum=quorum[0] if quorum else 1, limit=1)
         return wire.head_body(ids, authors, {p: rows[0]["child"] for p, rows in board.items()})
+
+    def facts_missing_from(self, head: dict) -> Iterator[bytes]:
+        """The raw facts a peer lacks, judged by its `head` body: for each author, those above the
+        seq up to which the peer holds everything. Some may be held already (gaps): harmless."""
+        held = {peer_id_from_public_key(key): n for key, n in head["authors"].items()}
+        authors = [r[0] for r in self.conn.execute("SELECT DISTINCT author FROM facts")]
+        for author in authors:
+            rows = self.conn.execute(
+                "SELECT raw FROM facts WHERE author = ? AND seq > ? ORDER BY seq",
+                (author, held.get(author, 0)),
+            )
+            yield from (raw for (raw,) in rows)

@@ -396,8 +396,9 @@ def check_sequence(
     `held_at_seq`: id of the fact this author already signed with the same seq, if any. Another
     fact there is a replay (a reused sequence number). Facts may arrive in any order (gossip,
     sync), so a lower seq than the highest seen is fine: the set of facts, not their arrival
-    order, decides what a node believes. A `head` is a summary that supersedes the author's
-    previous one, so one older than `last_head_seq` is stale: seq_backwards.
+    order, decides what a node believes. A `head` is not kept: it supersedes the author's
+    previous head, and its seq is a counter of its own (nodes use their clock in ms), so one
+    not newer than `last_head_seq` is stale: seq_backwards.
     """
     if held_at_seq is not None and held_at_seq != fact.id:
         return Rejection(

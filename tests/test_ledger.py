@@ -291,15 +291,33 @@ def test_the_head_summarises_what_the_ledger_holds(book, alice, bob):
     assert head["count"] == 2
     assert head["authors"] == {alice.public_key: 1, bob.public_key: 1}
     assert head["best"] == {"cpu": V1}
-    signed = wire.sign(alice, "head", CAMPAIGN, book.next_seq(alice.public_key), head, T0)
+    signed = wire.sign(alice, "head", CAMPAIGN, T0, head, T0)  # a head counts by the clock
     assert book.ingest(signed.raw, now_ms=T0) == signed
-    stale = wire.sign(alice, "head", CAMPAIGN, 1, wire.head_body([], {}, {}), T0)
-    assert book.ingest(stale.raw, now_ms=T0).reason is Reason.replay
-    newer = wire.sign(alice, "head", CAMPAIGN, signed.seq + 5, head, T0)
-    older = wire.sign(alice, "head", CAMPAIGN, signed.seq + 4, head, T0)
-    assert book.ingest(newer.raw, now_ms=T0) == newer
+    assert book.ingest(signed.raw, now_ms=T0) == signed  # delivered twice: not a rejection
+    older = wire.sign(alice, "head", CAMPAIGN, T0 - 1, wire.head_body([], {}, {}), T0)
     assert book.ingest(older.raw, now_ms=T0).reason is Reason.seq_backwards
     assert _count(book, "facts") == 2  # heads update the peer, they are not facts to keep
+    assert book.rows("SELECT head_seq FROM peers WHERE head IS NOT NULL") == [{"head_seq": T0}]
+    assert book.next_seq(alice.public_key) == 2
+
+
+def test_two_ledgers_converge_by_exchanging_heads_even_with_gaps(tmp_path, alice, bob):
+    chain = [make_result(alice, seq, BASELINE, f"{seq:064x}", 1.5) for seq in range(1, 7)]
+    with (
+        Ledger(tmp_path / "a.db", campaign=CAMPAIGN) as a,
+        Ledger(tmp_path / "b.db", campaign=CAMPAIGN) as b,
+    ):
+        a.ingest_many([f.raw for f in chain[:4]])
+        b.ingest_many(
+            [chain[i].raw for i in (0, 1, 3, 5)] + [make_verification(bob, 1, chain[0]).raw]
+        )
+        assert b.head_body()["authors"][alice.public_key] == 2  # holds 1, 2, 4, 6: complete to 2
+        for sender, receiver in ((a, b), (b, a)):
+            missing = list(sender.facts_missing_from(receiver.head_body()))
+            assert all(isinstance(o, wire.Fact) for o in receiver.ingest_many(missing))
+        assert a.head_body() == b.head_body()
+        assert a.head_body()["count"] == 5 + 1 and a.head_body()["authors"][alice.public_key] == 4
+        assert list(a.facts_missing_from(b.head_body())) == [chain[5].raw]  # above the gap at 5
 
 
 # ---------------------------------------------------------------- kill -9
