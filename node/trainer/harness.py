@@ -195,8 +195,8 @@ def main(config_path: str) -> int:
     status = int(os.environ["SWARM_STATUS_FD"]) if "SWARM_STATUS_FD" in os.environ else None
     torch.manual_seed(config["seed"])
     np.random.seed(config["seed"] % 2**32)
-    if config["profile"]["device"] == "cpu" and config.get("threads"):
-        torch.set_num_threads(config["threads"])
+    if config["profile"]["device"] == "cpu" and config["profile"]["threads"]:
+        torch.set_num_threads(config["profile"]["threads"])
     _SESSION = Session(config, status)
     _SESSION._emit("started", pid=os.getpid())
     train_py = config["train_py"]

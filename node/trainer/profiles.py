@@ -25,6 +25,7 @@ class Profile:
     startup_seconds: float = 300  # the runner's limit for start-up, compilation and warm-up
     grace_seconds: float = 30  # killed when training runs past budget + grace
     eval_seconds: float = 300  # the runner's limit for the evaluation
+    threads: int = 0  # CPU threads for torch (0: torch's default, all cores)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -38,7 +39,7 @@ PROFILES = {
                    eval_seconds=120),
     "test": Profile("test", "cpu", 4, "embedded:small", vocab_size=512, seq_len=64,
                     eval_tokens=2**13, tokenizer_chars=4_000_000, startup_seconds=60,
-                    grace_seconds=10, eval_seconds=30),
+                    grace_seconds=10, eval_seconds=30, threads=1),
 }
 
 

@@ -106,7 +106,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: Path, seed: int = 0,
-                   on_event: OnEvent = lambda _: None, threads: int | None = None) -> RunResult:
+                   on_event: OnEvent = lambda _: None) -> RunResult:
     """Run `train_py` once under `profile` and return what the harness measured."""
     try:
         source = train_py.read_bytes()
@@ -115,7 +115,7 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train.py").write_bytes(source)
     config = {
-        "profile": profile.as_dict(), "seed": seed, "threads": threads, "train_py": str(run_dir / "train.py"),
+        "profile": profile.as_dict(), "seed": seed, "train_py": str(run_dir / "train.py"),
         "data": {"train_path": str(data.train_path), "val_path": str(data.val_path),
                  "token_bytes_path": str(data.token_bytes_path), "vocab_size": data.manifest["vocab_size"]},
     }
@@ -127,8 +127,8 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
     package_root = str(Path(__file__).resolve().parents[2])  # the harness must import in the child too
     python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "SWARM_STATUS_FD": str(write_fd), "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    if profile.threads:
+        env["OMP_NUM_THREADS"] = str(profile.threads)
     started = time.monotonic()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

@@ -1,0 +1,69 @@
+"""`swarm run` and `swarm data` as a user runs them: a real process, real exit codes, real output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from data_fixtures import data_cache, test_data  # noqa: F401  (pytest fixtures)
+
+
+def swarm(*args: str, data_cache=None, home=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    if data_cache is not None:
+        env["SWARM_DATA"] = str(data_cache)
+    if home is not None:
+        env["SWARM_HOME"] = str(home)
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_help_lists_the_commands_and_each_command_shows_an_example():
+    top = swarm("--help")
+    assert top.returncode == 0
+    for command in ("run", "data"):
+        assert command in top.stdout
+    for command in (["run"], ["data", "build"]):
+        shown = swarm(*command, "--help")
+        assert shown.returncode == 0 and "Example: swarm" in shown.stdout
+
+
+def test_a_user_mistake_is_one_line_and_exit_code_one(tmp_path):
+    for args, words in ((["run", "--profile", "laptop"], "unknown profile 'laptop'"),
+                        (["run", "--profile", "test", "--train-py", str(tmp_path / "nope.py")], "is not a file"),
+                        (["data", "build", "--data", "s3:bucket"], "unknown data")):
+        done = swarm(*args, home=tmp_path)
+        assert done.returncode == 1, done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr
+
+
+def test_run_json_reports_the_documented_keys(tmp_path, test_data, data_cache):
+    done = swarm("run", "--profile", "test", "--seed", "2", "--json", data_cache=data_cache, home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    for key in ("outcome", "val_bpb", "steps", "tokens", "train_seconds", "peak_memory_mb", "profile", "train_py_sha256"):
+        assert key in result
+    assert result["outcome"] == "ok" and result["profile"] == "test" and result["seed"] == 2
+    assert 0 < result["val_bpb"] < 8
+    assert (tmp_path / "runs").is_dir() and len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_run_shows_a_result_table_and_a_crash_exits_two(tmp_path, test_data, data_cache):
+    ok = swarm("run", "--profile", "test", data_cache=data_cache, home=tmp_path)
+    assert ok.returncode == 0 and "val_bpb" in ok.stdout and "experiment on profile test: ok" in ok.stdout
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit('this train.py is broken')\n")
+    crash = swarm("run", "--profile", "test", "--train-py", str(broken), data_cache=data_cache, home=tmp_path)
+    assert crash.returncode == 2
+    assert "crash" in crash.stdout and "this train.py is broken" in crash.stderr
+
+
+def test_data_build_reports_the_hashes_a_campaign_pins(tmp_path, test_data, data_cache):
+    done = swarm("data", "build", "--profile", "test", "--json", data_cache=data_cache, home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(done.stdout)
+    assert manifest["tokenizer_sha256"] == test_data.manifest["tokenizer_sha256"]
+    assert manifest["sha256"] == test_data.sha256 and manifest["vocab_size"] == 512
