@@ -14,7 +14,7 @@ import sys
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -34,15 +34,14 @@ ledger_app = typer.Typer(
     help="Inspect the ledger: the signed facts this node holds.", no_args_is_help=True
 )
 
-# Optional[...] rather than `X | None`: typer reads these annotations at runtime on Python 3.10.
 HomeOption = Annotated[
-    Optional[Path],  # noqa: UP045
+    Path | None,
     typer.Option(
         "--home", help="Node home (key, ledger). Env SWARM_HOME; default ~/.research-swarm."
     ),
 ]
 DbOption = Annotated[
-    Optional[Path],  # noqa: UP045
+    Path | None,
     typer.Option("--db", help="A ledger file to read instead of HOME/ledger.db."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
@@ -191,9 +190,12 @@ class Outcome(str, Enum):
 def experiments(
     home: HomeOption = None,
     db: DbOption = None,
-    peer: Annotated[Optional[str], typer.Option(help="Only this author (peer id).")] = None,  # noqa: UP045
-    outcome: Annotated[Optional[Outcome], typer.Option(help="keep, discard or crash.")] = None,  # noqa: UP045
-    profile: Annotated[Optional[str], typer.Option(help="Only this profile.")] = None,  # noqa: UP045
+    peer: Annotated[
+        str | None,
+        typer.Option(help="Only this author: a peer id, or its tail as tables show it."),
+    ] = None,
+    outcome: Annotated[Outcome | None, typer.Option(help="keep, discard or crash.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Only this profile.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
     as_json: JsonOption = False,
 ) -> None:
@@ -355,7 +357,7 @@ def export(
     db: DbOption = None,
     fmt: Annotated[ExportFormat, typer.Option("--format", help="csv or json.")] = ExportFormat.json,
     table: Annotated[ExportTable, typer.Option(help="Which table.")] = ExportTable.results,
-    output: Annotated[Optional[Path], typer.Option(help="Write here, not stdout.")] = None,  # noqa: UP045
+    output: Annotated[Path | None, typer.Option(help="Write here, not stdout.")] = None,
 ) -> None:
     """Export a table; `facts` carries each fact's raw signed bytes as hex, re-checkable anywhere.
 

@@ -136,7 +136,15 @@ class Ledger:
                     f"understands ({len(MIGRATIONS)}): upgrade research-swarm"
                 )
         except sqlite3.DatabaseError as exc:
+            self._close_quietly()
             raise LedgerError(f"cannot open {self.path} as a ledger: {exc}") from None
+        except LedgerError:
+            self._close_quietly()
+            raise
+
+    def _close_quietly(self) -> None:
+        if getattr(self, "conn", None) is not None:
+            self.conn.close()
 
     def close(self) -> None:
         self.conn.close()
@@ -351,9 +359,15 @@ class Ledger:
         self, peer: str | None = None, outcome: str | None = None, profile: str | None = None,
         limit: int = 50,
     ) -> list[dict]:  # fmt: skip
-        """Results, newest first, with how many peers confirmed and refuted each."""
+        """Results, newest first, with how many peers confirmed and refuted each.
+
+        `peer` is a peer id or its tail (tables show the tail: every id starts 12D3KooW).
+        """
         where, params = [], []
-        for column, value in (("author", peer), ("outcome", outcome), ("profile", profile)):
+        if peer:
+            where.append("substr(r.author, -?) = ?")
+            params += [len(peer), peer]
+        for column, value in (("outcome", outcome), ("profile", profile)):
             if value is not None:
                 where.append(f"r.{column} = ?")
                 params.append(value)

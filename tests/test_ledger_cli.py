@@ -81,6 +81,11 @@ def test_experiments_are_newest_first_and_filter(home, bob):
         swarm("ledger", "experiments", "--home", str(home), "--peer", bob.peer_id, "--json")
     )
     assert [r["description"] for r in by_bob] == ["bigger batch"]
+    tail = bob.peer_id[-8:]  # what the tables show
+    assert (
+        json.loads(swarm("ledger", "experiments", "--home", str(home), "--peer", tail, "--json"))
+        == by_bob
+    )
     none = json.loads(
         swarm("ledger", "experiments", "--home", str(home), "--profile", "gpu", "--json")
     )
