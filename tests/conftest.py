@@ -53,3 +53,24 @@ def bob() -> Identity:
 @pytest.fixture
 def carol() -> Identity:
     return Identity(bytes(range(2, 34)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer's data: the `test` profile's corpus and shards, built once per session. Set
+# SWARM_TEST_DATA to a folder to keep the build between sessions (rebuilt when absent).
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+    import os
+    from pathlib import Path
+
+    keep = os.environ.get("SWARM_TEST_DATA")
+    return Path(keep) if keep else tmp_path_factory.mktemp("swarm-data")
+
+
+@pytest.fixture(scope="session")
+def test_data(data_cache):
+    from node.trainer import get_profile, prepare_data
+
+    return prepare_data(get_profile("test"), data_cache)

@@ -6,14 +6,12 @@ import http.server
 import math
 import threading
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from data_fixtures import data_cache, test_data  # noqa: F401  (pytest fixtures)
 
 from node.trainer import TrainerError, get_profile, prepare_data
 from node.trainer.corpus import _deb_data, chunks, clean, is_validation

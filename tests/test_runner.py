@@ -7,9 +7,14 @@ import math
 import time
 
 import pytest
-from data_fixtures import data_cache, test_data  # noqa: F401  (pytest fixtures)
 
-from node.trainer import BASELINE_TRAIN_PY, TrainerError, get_profile, harness_sha256, run_experiment
+from node.trainer import (
+    BASELINE_TRAIN_PY,
+    TrainerError,
+    get_profile,
+    harness_sha256,
+    run_experiment,
+)
 
 FAST = dataclasses.replace(get_profile("test"), budget_seconds=2, startup_seconds=20, grace_seconds=3, eval_seconds=20)
 

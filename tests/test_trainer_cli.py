@@ -7,13 +7,11 @@ import os
 import subprocess
 import sys
 
-from data_fixtures import data_cache, test_data  # noqa: F401  (pytest fixtures)
 
-
-def swarm(*args: str, data_cache=None, home=None) -> subprocess.CompletedProcess:
+def swarm(*args: str, cache=None, home=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
-    if data_cache is not None:
-        env["SWARM_DATA"] = str(data_cache)
+    if cache is not None:
+        env["SWARM_DATA"] = str(cache)
     if home is not None:
         env["SWARM_HOME"] = str(home)
     return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, env=env,
@@ -41,7 +39,7 @@ def test_a_user_mistake_is_one_line_and_exit_code_one(tmp_path):
 
 
 def test_run_json_reports_the_documented_keys(tmp_path, test_data, data_cache):
-    done = swarm("run", "--profile", "test", "--seed", "2", "--json", data_cache=data_cache, home=tmp_path)
+    done = swarm("run", "--profile", "test", "--seed", "2", "--json", cache=data_cache, home=tmp_path)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     for key in ("outcome", "val_bpb", "steps", "tokens", "train_seconds", "peak_memory_mb", "profile", "train_py_sha256"):
@@ -52,17 +50,17 @@ def test_run_json_reports_the_documented_keys(tmp_path, test_data, data_cache):
 
 
 def test_run_shows_a_result_table_and_a_crash_exits_two(tmp_path, test_data, data_cache):
-    ok = swarm("run", "--profile", "test", data_cache=data_cache, home=tmp_path)
+    ok = swarm("run", "--profile", "test", cache=data_cache, home=tmp_path)
     assert ok.returncode == 0 and "val_bpb" in ok.stdout and "experiment on profile test: ok" in ok.stdout
     broken = tmp_path / "broken.py"
     broken.write_text("raise SystemExit('this train.py is broken')\n")
-    crash = swarm("run", "--profile", "test", "--train-py", str(broken), data_cache=data_cache, home=tmp_path)
+    crash = swarm("run", "--profile", "test", "--train-py", str(broken), cache=data_cache, home=tmp_path)
     assert crash.returncode == 2
     assert "crash" in crash.stdout and "this train.py is broken" in crash.stderr
 
 
 def test_data_build_reports_the_hashes_a_campaign_pins(tmp_path, test_data, data_cache):
-    done = swarm("data", "build", "--profile", "test", "--json", data_cache=data_cache, home=tmp_path)
+    done = swarm("data", "build", "--profile", "test", "--json", cache=data_cache, home=tmp_path)
     assert done.returncode == 0, done.stderr
     manifest = json.loads(done.stdout)
     assert manifest["tokenizer_sha256"] == test_data.manifest["tokenizer_sha256"]
