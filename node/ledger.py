@@ -457,7 +457,9 @@ class Ledger:
         Each step is the earliest kept result that made that version, with its description, diff
         size, claimed delta against its parent and the mean delta its confirmations measured.
         """
-        child = self._expand(child, "SELECT DISTINCT child FROM results WHERE child LIKE ?")
+        child = self._expand(
+            child, "SELECT DISTINCT child FROM results WHERE child BETWEEN ? AND ?"
+        )
         chain: list[str] = []
         seen: set[str] = set()
         current = child
@@ -531,7 +533,7 @@ class Ledger:
 
     def fact(self, fact_id: str) -> dict:
         """One stored fact (id or unique prefix), decoded, with its signature checked again."""
-        fact_id = self._expand(fact_id, "SELECT id FROM facts WHERE id LIKE ?")
+        fact_id = self._expand(fact_id, "SELECT id FROM facts WHERE id BETWEEN ? AND ?")
         row = self.rows("SELECT * FROM facts WHERE id = ?", (fact_id,))[0]
         check = wire.decode(row["raw"], None, now_ms=row["time"])
         try:
@@ -546,7 +548,8 @@ class Ledger:
     def _expand(self, prefix: str, sql: str) -> str:
         if not prefix or any(c not in "0123456789abcdef" for c in prefix.lower()):
             raise LedgerError(f"{prefix!r} is not a sha256 (hex digits)")
-        matches = [r[0] for r in self.conn.execute(sql + " LIMIT 2", (prefix.lower() + "%",))]
+        low = prefix.lower()  # a range, not LIKE, so that the index serves it
+        matches = [r[0] for r in self.conn.execute(sql + " LIMIT 2", (low, low + "g"))]
         if not matches:
             raise LedgerError(f"nothing in {self.path} matches {prefix!r}")
         if len(matches) > 1:
