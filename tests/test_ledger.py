@@ -361,6 +361,8 @@ def test_kill_9_during_heavy_writes_loses_no_acknowledged_fact(tmp_path):
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait()
         assert writer.returncode == -signal.SIGKILL
+        with Ledger(path, readonly=True) as reader:  # what `swarm ledger` sees right after
+            assert acknowledged <= {r[0] for r in reader.conn.execute("SELECT id FROM facts")}
         with Ledger(path, campaign=CAMPAIGN) as book:
             assert book.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
             stored = {r[0] for r in book.conn.execute("SELECT id FROM facts")}
