@@ -60,6 +60,44 @@ def test_a_signed_result_decodes_to_the_same_fact(seed, body, seq, t):
     assert again.id == wire.fact_id(fact.raw)
 
 
+profiles = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,31}", fullmatch=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=seeds, result=sha, child=maybe, parent=maybe, run_seed=uint, profile=profiles,
+    harness=sha, verdict=st.sampled_from(wire.VERDICTS),
+)  # fmt: skip
+def test_a_signed_verification_decodes_to_the_same_fact(
+    seed, result, child, parent, run_seed, profile, harness, verdict
+):
+    body = wire.verification_body(
+        result=result, child_val_bpb=child, parent_val_bpb=parent, seed=run_seed,
+        profile=profile, harness=harness, verdict=verdict,
+    )  # fmt: skip
+    fact = wire.sign(Identity(seed), "verification", CAMPAIGN, 1, body, T0)
+    assert wire.decode(fact.raw, CAMPAIGN, now_ms=T0) == fact
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=seeds, program=st.binary(max_size=500), baseline=sha,
+    profiles_=st.lists(profiles, min_size=1, max_size=16), quorum=st.integers(1, 64),
+    data=st.dictionaries(st.text(max_size=32).filter(lambda t: "\n" not in t and "\r" not in t),
+                         sha, max_size=16),
+)  # fmt: skip
+def test_a_signed_campaign_decodes_to_the_same_fact(
+    seed, program, baseline, profiles_, quorum, data
+):
+    organiser = Identity(seed)
+    body = wire.campaign_body(
+        name=CAMPAIGN, organiser=organiser.public_key, program=program, baseline=baseline,
+        profiles=profiles_, quorum=quorum, data=data,
+    )  # fmt: skip
+    fact = wire.sign(organiser, "campaign", CAMPAIGN, 1, body, T0)
+    assert wire.decode(fact.raw, CAMPAIGN, now_ms=T0) == fact
+
+
 @settings(max_examples=200, deadline=None)
 @given(body=result_bodies, order=st.randoms(use_true_random=False))
 def test_canonical_bytes_do_not_depend_on_key_order(body, order):
