@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import lzma
+import os
 import re
 import shutil
 import subprocess
@@ -244,7 +245,10 @@ def fetch(source: Source, downloads: Path) -> Path:
     if (found := _artifact(source, downloads)) is not None:
         return found
     if source.registry == "debian":
-        if not _run(["apt-get", "download", f"{source.package}={source.version}"], downloads):
+        get = ["apt-get", "download", f"{source.package}={source.version}"]
+        # A fresh machine may have no package lists yet: refresh them once, as root, then retry.
+        if not _run(get, downloads) and not (os.geteuid() == 0 and _run(["apt-get", "update"], downloads)
+                                             and _run(get, downloads)):
             _download(f"https://deb.debian.org/debian/{source.url}", downloads / Path(source.url).name)
     elif source.registry == "pypi":
         _run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(downloads),

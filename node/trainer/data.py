@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import json
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,13 +90,16 @@ def _tokenizer_text(docs: Iterator[str], limit: int) -> Iterator[str]:
 
 
 def _write_tokens(tokenizer: Tokenizer, docs: Iterator[str], path: Path, progress: Progress, label: str) -> int:
-    count = 0
+    count, shown = 0, time.monotonic()
     with path.open("wb") as out:
         while batch := list(itertools.islice(docs, ENCODE_BATCH)):
             for ids in tokenizer.encode_documents(batch):
                 np.asarray(ids, dtype=np.uint16).tofile(out)
                 count += len(ids)
-            progress(f"tokenizing {label}: {count / 1e6:.1f} M tokens")
+            if time.monotonic() - shown > 2:
+                progress(f"tokenizing {label}: {count / 1e6:.1f} M tokens")
+                shown = time.monotonic()
+    progress(f"tokenized {label}: {count / 1e6:.1f} M tokens")
     return count
 
 
