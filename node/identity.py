@@ -6,6 +6,7 @@ on who a peer is. The key file is created on first use, mode 0600, and never ove
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ def b58decode(text: str) -> bytes:
     return b"\0" * leading_ones + body
 
 
+@functools.lru_cache(maxsize=4096)  # every stored fact asks; base58 is slow in Python
 def peer_id_from_public_key(public_key: bytes) -> str:
     """libp2p peer id of an Ed25519 public key: base58 of the identity multihash of its protobuf."""
     if len(public_key) != PUBLIC_KEY_SIZE:

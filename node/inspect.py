@@ -172,7 +172,7 @@ def summary(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = 
     table.add_row("versions", str(info["versions"]))
     table.add_row("own runs", str(info["runs"]))
     table.add_row("rejected", _counts(info["rejected"]))
-    table.add_row("last fact", _when(info["last_fact_time"]))
+    table.add_row("last received", _when(info["last_received"]))
     console.print(table)
 
 

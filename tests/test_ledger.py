@@ -374,3 +374,9 @@ def test_an_identity_seed_never_reaches_the_ledger(book, alice):
     book.ingest(make_result(alice, 1, BASELINE, V1, 1.5).raw)
     assert alice.seed not in Path(book.path).read_bytes()
     assert isinstance(Identity(alice.seed), Identity)
+
+
+def test_an_empty_ledger_summarises_to_zeroes(book):
+    info = book.summary()
+    assert info["facts"] == {} and info["peers"] == 0 and info["last_received"] is None
+    assert book.leaderboard() == {} and book.peers() == [] and book.experiments() == []
