@@ -409,12 +409,13 @@ class Ledger:
         for (profile,) in profiles.fetchall():
             chosen: list[str] = []
             after: tuple = (-math.inf, "", "")
+            page_size = min(_PAGE, 10 * limit)  # most top claims are verified: read few at a time
             while len(chosen) < limit:
                 page = self.rows(
                     f"SELECT {columns} FROM results WHERE outcome = 'keep' AND profile = ? "
                     "AND val_bpb IS NOT NULL AND (val_bpb, child, id) > (?, ?, ?) "
                     "ORDER BY val_bpb, child, id LIMIT ?",
-                    (profile, *after, _PAGE),
+                    (profile, *after, page_size),
                 )
                 if not page:
                     break

@@ -380,3 +380,12 @@ def test_an_empty_ledger_summarises_to_zeroes(book):
     info = book.summary()
     assert info["facts"] == {} and info["peers"] == 0 and info["last_received"] is None
     assert book.leaderboard() == {} and book.peers() == [] and book.experiments() == []
+
+
+def test_the_leaderboard_pages_past_many_better_unverified_claims(book, alice, bob):
+    claims = [make_result(alice, i, BASELINE, f"{i:064x}", 1.0 + i / 1000) for i in range(1, 40)]
+    verified = make_result(alice, 40, BASELINE, V3, 1.3)
+    book.ingest_many(
+        [c.raw for c in claims] + [verified.raw, make_verification(bob, 1, verified).raw]
+    )
+    assert [e["child"] for e in book.leaderboard(limit=1)["cpu"]] == [V3]
