@@ -22,7 +22,7 @@ import sqlite_utils
 
 from node import consensus, wire
 from node.errors import SwarmError
-from node.identity import peer_id_from_public_key
+from node.identity import Identity, peer_id_from_public_key
 
 LEDGER_FILE = "ledger.db"  # inside the node's home
 MAX_LINEAGE = 10_000  # steps walked back before giving up (parent links may loop)
@@ -294,6 +294,21 @@ class Ledger:
             "SELECT MAX(seq) FROM facts WHERE author = ?", (peer_id_from_public_key(public_key),)
         ).fetchone()
         return (row[0] or 0) + 1
+
+    def publish(self, me: Identity, kind: str, body: dict, time_ms: int | None = None) -> wire.Fact:
+        """Sign a fact as this node (next seq; a head counts by the clock), store it and return
+        it, ready to gossip. Raises LedgerError if the ledger refuses it."""
+        if self.campaign is None:
+            raise LedgerError("open the ledger with a campaign to publish facts in it")
+        now = _now_ms() if time_ms is None else time_ms
+        seq = now if kind == "head" else self.next_seq(me.public_key)
+        fact = wire.sign(me, kind, self.campaign, seq, body, now)
+        stored = self.ingest(fact.raw, now_ms=now)
+        if isinstance(stored, wire.Rejection):
+            raise LedgerError(
+                f"this node's own {kind} was refused: {stored.reason.value}: {stored.detail}"
+            )
+        return fact
 
     # ------------------------------------------------------------ versions and runs
 

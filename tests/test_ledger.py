@@ -389,3 +389,14 @@ def test_the_leaderboard_pages_past_many_better_unverified_claims(book, alice, b
         [c.raw for c in claims] + [verified.raw, make_verification(bob, 1, verified).raw]
     )
     assert [e["child"] for e in book.leaderboard(limit=1)["cpu"]] == [V3]
+
+
+def test_a_node_publishes_its_own_facts_with_consecutive_seqs(book, alice, bob):
+    first = book.publish(alice, "result", make_result(alice, 1, BASELINE, V1, 1.4).body, T0)
+    second = book.publish(alice, "result", make_result(alice, 2, V1, V2, 1.3).body, T0 + 1)
+    assert (first.seq, second.seq) == (1, 2)
+    assert book.ingest(second.raw) == second  # gossip brings it back: already held
+    head = book.publish(alice, "head", book.head_body(), T0 + 2)
+    assert head.seq == T0 + 2 and book.next_seq(alice.public_key) == 3
+    with Ledger(book.path) as any_campaign, pytest.raises(LedgerError, match="campaign"):
+        any_campaign.publish(bob, "result", first.body)
