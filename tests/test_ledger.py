@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import BASELINE, CAMPAIGN, T0, make_result, make_verification
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_wire import _envelope, _resign, fuzz_wire
 
 from node import consensus, ledger, wire
@@ -400,3 +402,27 @@ def test_a_node_publishes_its_own_facts_with_consecutive_seqs(book, alice, bob):
     assert head.seq == T0 + 2 and book.next_seq(alice.public_key) == 3
     with Ledger(book.path) as any_campaign, pytest.raises(LedgerError, match="campaign"):
         any_campaign.publish(bob, "result", first.body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4), st.sampled_from(["confirm", "refute"]),
+                       st.sampled_from(["h", "h2"])), max_size=40),
+    st.integers(1, 3),
+    st.randoms(use_true_random=False),
+)  # fmt: skip
+def test_verified_children_does_not_depend_on_the_order_of_facts(votes, quorum, order):
+    results = [
+        {"id": f"r{i}", "author": f"p{i % 3}", "profile": "cpu", "harness": "h"} for i in range(6)
+    ]
+    verifications = [
+        {"result": f"r{r}", "author": f"p{a}", "verdict": v, "profile": "cpu", "harness": h}
+        for r, a, v, h in votes
+    ]
+    expected = consensus.verified_children(results, verifications, quorum)
+    order.shuffle(results)
+    order.shuffle(verifications)
+    assert consensus.verified_children(results, verifications, quorum) == expected
+    for rid, peers in expected.items():
+        author = next(r["author"] for r in results if r["id"] == rid)
+        assert len(peers) >= quorum and author not in peers
