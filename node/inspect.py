@@ -264,12 +264,13 @@ def lineage(
     """
     with _open(home, db) as ledger:
         steps = ledger.lineage(version)
+        baselines = {r["baseline"] for r in ledger.rows("SELECT baseline FROM campaigns")}
     if as_json:
         _print_json(steps)
         return
-    table = Table(
-        title=f"lineage of {_short(steps[-1]['child'])} from {_short(steps[0]['parent'])}"
-    )
+    root = steps[0]["parent"]
+    origin = "the campaign's baseline" if root in baselines else _short(root)
+    table = Table(title=f"lineage of {_short(steps[-1]['child'])} from {origin}")
     for name in ("version", "val_bpb", "delta", "verified Δ", "✓", "diff", "peer", "description"):
         table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
     for s in steps:

@@ -13,6 +13,7 @@ import pytest
 from conftest import BASELINE, CAMPAIGN, T0, make_result, make_verification
 from typer.testing import CliRunner
 
+from node import wire
 from node.cli import app
 from node.identity import load_identity
 from node.ledger import Ledger, ledger_path
@@ -29,12 +30,17 @@ def swarm(*args: str) -> str:
 
 @pytest.fixture
 def home(tmp_path, alice, bob) -> Path:
-    first = make_result(alice, 1, BASELINE, V1, 1.50, description="wider MLP")
-    second = make_result(alice, 2, V1, V2, 1.45, description="lower learning rate")
+    first = make_result(alice, 2, BASELINE, V1, 1.50, description="wider MLP")
+    second = make_result(alice, 3, V1, V2, 1.45, description="lower learning rate")
     crash = make_result(
         bob, 1, V1, "33" * 32, None, outcome="crash", description="bigger batch", time_ms=T0 + 9000
     )
+    campaign = wire.campaign_body(
+        name=CAMPAIGN, organiser=alice.public_key, program=b"# program", baseline=BASELINE,
+        profiles=["cpu"], quorum=1, data={"tokenizer": "ab" * 32},
+    )  # fmt: skip
     with Ledger(ledger_path(tmp_path), campaign=CAMPAIGN) as book:
+        book.publish(alice, "campaign", campaign, T0)
         book.ingest_many(
             [first.raw, second.raw, crash.raw, make_verification(bob, 2, first).raw,
              make_verification(bob, 3, second, delta=-0.05).raw, b"\x93junk"]
@@ -63,7 +69,8 @@ def test_keys_new_refuses_to_replace_a_key_without_force(tmp_path):
 
 def test_summary_counts_what_the_ledger_holds(home):
     info = json.loads(swarm("ledger", "summary", "--home", str(home), "--json"))
-    assert info["facts"] == {"result": 3, "verification": 2}
+    assert info["facts"] == {"campaign": 1, "result": 3, "verification": 2}
+    assert info["campaigns"] == [CAMPAIGN]
     assert info["outcomes"] == {"keep": 2, "crash": 1}
     assert info["rejected"] == {"malformed": 1} and info["runs"] == 1
     text = swarm("ledger", "summary", "--db", str(ledger_path(home)))
@@ -113,6 +120,7 @@ def test_lineage_prints_the_chain_from_the_baseline(home):
     assert chain[1]["delta"] == pytest.approx(-0.05)
     table = swarm("ledger", "lineage", V2, "--home", str(home))
     assert "wider MLP" in table and "-0.0500" in table
+    assert "from the campaign's baseline" in table
 
 
 def test_peers_show_standing_and_rejections(home, alice, bob):
@@ -145,7 +153,7 @@ def test_export_writes_csv_and_json(home, tmp_path):
     out = tmp_path / "facts.json"
     swarm("ledger", "export", "--home", str(home), "--table", "facts", "--output", str(out))
     facts = json.loads(out.read_text())
-    assert len(facts) == 5 and all(len(bytes.fromhex(f["raw"])) > 100 for f in facts)
+    assert len(facts) == 6 and all(len(bytes.fromhex(f["raw"])) > 100 for f in facts)
 
 
 def test_every_command_explains_itself_with_an_example():
