@@ -22,7 +22,6 @@ from node.errors import SwarmError
 from node.identity import Identity, peer_id_from_public_key, verify_signature
 
 VERSION = 1
-KINDS = ("result", "verification", "campaign", "head")
 # One hard limit per kind, on the whole signed envelope. Gossip stays small (a few KB); the diff
 # and train.py travel by hash and are fetched separately.
 MAX_SIZE = {"result": 4096, "verification": 2048, "campaign": 16384, "head": 262144}
@@ -33,7 +32,6 @@ MAX_HEAD_AUTHORS = 4096
 ENVELOPE_FIELDS = ("author", "body", "campaign", "kind", "seq", "sig", "time", "v")
 OUTCOMES = ("keep", "discard", "crash")
 VERDICTS = ("confirm", "refute", "crash")
-METRICS = ("val_bpb", "steps", "tokens", "train_seconds", "total_seconds", "peak_memory_mb", "mfu")
 
 _UINT_MAX = (1 << 63) - 1
 _HEX = frozenset("0123456789abcdef")
@@ -293,6 +291,8 @@ BODIES: dict[str, Check] = {
         }
     ),
 }
+
+KINDS = tuple(BODIES)  # result, verification, campaign, head
 
 _ENVELOPE = {
     "author": _key32,
