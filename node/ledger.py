@@ -170,14 +170,17 @@ class Ledger:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self.conn
+            self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
 
     # ------------------------------------------------------------ writing facts
 
-    def ingest(self, raw: bytes, from_peer: str | None = None, now_ms: int | None = None):
+    def ingest(
+        self, raw: bytes, from_peer: str | None = None, now_ms: int | None = None
+    ) -> wire.Fact | wire.Rejection:
         """Validate and store one message; returns the Fact (stored, or already held) or why not."""
         return self.ingest_many([raw], from_peer, now_ms)[0]
 
@@ -200,7 +203,9 @@ class Ledger:
                     self._count_rejection(conn, item, from_peer, now)
         return out
 
-    def _store(self, conn: sqlite3.Connection, fact: wire.Fact, now: int):
+    def _store(
+        self, conn: sqlite3.Connection, fact: wire.Fact, now: int
+    ) -> wire.Fact | wire.Rejection:
         author = fact.peer_id
         if fact.kind == "head":
             return self._store_head(conn, fact, author, now)
@@ -256,7 +261,9 @@ class Ledger:
              int(fact.kind == "verification")),
         )  # fmt: skip
 
-    def _store_head(self, conn: sqlite3.Connection, fact: wire.Fact, author: str, now: int):
+    def _store_head(
+        self, conn: sqlite3.Connection, fact: wire.Fact, author: str, now: int
+    ) -> wire.Fact | wire.Rejection:
         peer = conn.execute(
             "SELECT head_seq, head FROM peers WHERE peer_id = ?", (author,)
         ).fetchone()
