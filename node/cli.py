@@ -6,12 +6,17 @@ A user's mistake ends in a one-line error and exit code 1, never a traceback.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from node.errors import SwarmError
 
@@ -30,10 +35,120 @@ HomeOption = Annotated[
 ]
 
 
-from node.inspect import keys_app, ledger_app  # noqa: E402  (sub-apps register last)
+from node.inspection import keys_app, ledger_app  # noqa: E402  (sub-apps register last)
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(ledger_app, name="ledger")
+
+
+ProfileOption = Annotated[str, typer.Option("--profile", "-p", help="test (seconds), cpu (about 2 minutes), gpu (300 s on one CUDA GPU).")]
+DataOption = Annotated[
+    str | None,
+    typer.Option("--data", help="Replace the profile's data: embedded:default, embedded:small, web:fineweb-edu or urls:FILE."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
+data_app = typer.Typer(help="The corpus, tokenizer and token shards a profile trains on (built once, then cached).", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+def _status_line(message: str) -> None:
+    err_console.print(f"[dim]{message}[/]", highlight=False)
+
+
+def _prepare(profile_name: str, data: str | None, home: Path | None):
+    from node.home import data_dir, resolve_home
+    from node.trainer import get_profile, prepare_data
+
+    home_dir = resolve_home(home)
+    profile = get_profile(profile_name, data)
+    return home_dir, profile, prepare_data(profile, data_dir(home_dir), _status_line)
+
+
+@data_app.command("build")
+def data_build(profile: ProfileOption = "cpu", data: DataOption = None, home: HomeOption = None,
+               as_json: JsonOption = False) -> None:
+    """Build (or find in the cache) the data a profile trains on.
+
+    Example: swarm data build --profile cpu
+    """
+    _, prof, tokens = _prepare(profile, data, home)
+    if as_json:
+        print(json.dumps({"profile": prof.name, "root": str(tokens.root), **tokens.manifest}))
+        return
+    table = Table(title=f"data for profile {prof.name}", show_header=False)
+    table.add_row("folder", str(tokens.root))
+    for key, value in tokens.manifest.items():
+        table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    console.print(table)
+
+
+@app.command("run")
+def run(
+    profile: ProfileOption = "cpu",
+    train_py: Annotated[Path | None, typer.Option("--train-py", help="The train.py to run (default: the baseline).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for the model's initialisation and the data order.")] = 0,
+    data: DataOption = None,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run one experiment: train for the profile's budget, then score val_bpb.
+
+    Example: swarm run --profile cpu --train-py my_train.py --seed 1
+    """
+    from node.trainer import BASELINE_TRAIN_PY, run_experiment
+
+    script = (train_py or BASELINE_TRAIN_PY).expanduser()
+    if not script.is_file():
+        raise SwarmError(f"{script} is not a file; pass the train.py to run with --train-py PATH")
+    home_dir, prof, tokens = _prepare(profile, data, home)
+    run_dir = home_dir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{prof.name}-{os.getpid()}"
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task(f"{prof.name}: starting", total=1.0, info="")
+
+        def show(event: dict) -> None:
+            name = event["event"]
+            if name == "progress":
+                info = f"step {event['steps']}  {event['tokens'] / 1e6:.2f} M tokens"
+                bar.update(task, description=f"{prof.name}: training", completed=event["progress"], info=info)
+            elif name == "train_start":
+                bar.update(task, description=f"{prof.name}: training", completed=0)
+            elif name == "eval_start":
+                bar.update(task, description=f"{prof.name}: evaluating", completed=1.0, info="")
+
+        result = run_experiment(script, prof, tokens, run_dir, seed=seed, on_event=show)
+    if as_json:
+        print(json.dumps(result.as_dict()))
+    else:
+        _print_result(result)
+    if result.outcome != "ok" and not as_json:
+        raise typer.Exit(2)
+
+
+def _print_result(result) -> None:
+    table = Table(title=f"experiment on profile {result.profile}: {result.outcome}", show_header=False)
+    rows = [
+        ("val_bpb", f"{result.val_bpb:.4f}" if result.val_bpb is not None else "-"),
+        ("steps", f"{result.steps:,}"),
+        ("tokens", f"{result.tokens:,}"),
+        ("tokens/s", f"{result.tokens_per_second:,.0f}" if result.tokens_per_second else "-"),
+        ("train seconds", f"{result.train_seconds:.1f}"),
+        ("total seconds", f"{result.total_seconds:.1f}"),
+        ("peak memory", f"{result.peak_memory_mb:,.0f} MiB" if result.peak_memory_mb else "-"),
+        ("MFU", f"{result.mfu:.1%}" if result.mfu else "-"),
+        ("params", f"{result.params:,}" if result.params else "-"),
+        ("seed", str(result.seed)),
+        ("train.py", result.train_py_sha256[:16]),
+        ("harness", result.harness_sha256[:16]),
+        ("run folder", result.run_dir),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    if result.error:
+        err_console.print(f"[bold red]crash:[/] {result.error}", highlight=False)
+        err_console.print(result.log_tail, highlight=False, markup=False)
 
 
 def main() -> None:

@@ -94,7 +94,7 @@ def main() -> None:
         for seed in args.seeds:
             began = time.time()
             result = run_experiment(script, profile, data, Path(f"/tmp/bench-runs/{name}-{seed}-{int(began)}"), seed=seed,
-                                    on_event=lambda e: e["event"] in ("train_start", "train_end") and print(f"  {e}", flush=True))
+                                    on_event=lambda e: e["event"] in ("started", "train_start", "eval_start", "result") and print(f"  {e}", flush=True))
             row = {"variant": name, "matmul_tflops": rate / 1e12, **result.as_dict()}
             rows.append(row)
             with (args.out / f"bench_{profile.name}.jsonl").open("a") as f:
@@ -104,15 +104,16 @@ def main() -> None:
                 print(result.log_tail)
     print()
     print(f"{'variant':10} {'seed':>4} {'val_bpb':>8} {'tok/s':>10} {'MFU':>6} {'MFU989':>6} {'peakGiB':>7} "
-          f"{'start':>6} {'train':>6} {'eval':>5} {'total':>6} {'train%':>6}")
+          f"{'start':>6} {'train':>6} {'eval':>5} {'exit':>5} {'total':>6} {'train%':>6}")
     for r in rows:
         if r["outcome"] != "ok":
             print(f"{r['variant']:10} {r['seed']:>4} crash: {r['error']}")
             continue
         mfu989 = r["flops_per_token"] * r["tokens_per_second"] / 989e12
+        exit_seconds = r["total_seconds"] - r["startup_seconds"] - r["train_seconds"] - r["eval_seconds"]
         print(f"{r['variant']:10} {r['seed']:>4} {r['val_bpb']:8.4f} {r['tokens_per_second']:10,.0f} {r['mfu'] or 0:6.1%} "
               f"{mfu989:6.1%} {r['peak_memory_mb'] / 1024:7.1f} {r['startup_seconds']:6.1f} {r['train_seconds']:6.1f} "
-              f"{r['eval_seconds']:5.1f} {r['total_seconds']:6.1f} {r['train_seconds'] / r['total_seconds']:6.1%}")
+              f"{r['eval_seconds']:5.1f} {exit_seconds:5.1f} {r['total_seconds']:6.1f} {r['train_seconds'] / r['total_seconds']:6.1%}")
 
 
 if __name__ == "__main__":

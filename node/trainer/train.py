@@ -21,7 +21,7 @@ S = session()
 # Model size and batch per profile: (depth, width, head dim, sequences per micro-batch, micro-batches per step)
 DEPTH, MODEL_DIM, HEAD_DIM, DEVICE_BATCH, GRAD_ACCUM = {
     "gpu": (8, 512, 128, 128, 2),
-    "cpu": (4, 128, 64, 32, 1),
+    "cpu": (4, 128, 64, 16, 1),
     "test": (2, 64, 32, 16, 1),
 }[S.profile_name]
 MLP_RATIO = 4  # hidden width of the MLP over the model width
