@@ -22,7 +22,7 @@ from node.trainer.errors import TrainerError
 from node.trainer.profiles import Profile
 from node.trainer.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
-ENCODE_BATCH = 256  # documents per tiktoken batch
+ENCODE_BATCH = 1024  # documents per tiktoken batch
 Progress = Callable[[str], None]
 
 

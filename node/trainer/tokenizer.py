@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.encoding.n_vocab
 
-    def encode_documents(self, docs: list[str], threads: int = 2) -> list[list[int]]:
-        """Each document's tokens, with BOS in front."""
-        return [[self.bos_id, *ids] for ids in self.encoding.encode_ordinary_batch(docs, num_threads=threads)]
+    def encode_documents(self, docs: list[str]) -> list[list[int]]:
+        """Each document's tokens, with BOS in front, encoded on all cores."""
+        batches = self.encoding.encode_ordinary_batch(docs, num_threads=os.cpu_count() or 1)
+        return [[self.bos_id, *ids] for ids in batches]
 
     def token_bytes(self) -> np.ndarray:
         """UTF-8 bytes each token id stands for, from its raw bytes; 0 for special tokens.
