@@ -1,0 +1,261 @@
+"""Proposers: the offline one's seeded changes, and the LLM path end to end through litellm
+against a real HTTP server on 127.0.0.1 that speaks the OpenAI chat-completions API."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from node.agent.errors import ModelError, ProposalRefused, SpendingLimitReached
+from node.agent.patch import apply_diff, change_hash, make_diff
+from node.agent.proposers import (
+    Attempt,
+    Context,
+    LLMProposer,
+    OfflineProposer,
+    build_messages,
+    extract_change,
+)
+from node.trainer import BASELINE_TRAIN_PY
+
+BASELINE = BASELINE_TRAIN_PY.read_text()
+PROGRAM = "# program.md\nImprove val_bpb within the budget."
+GOOD_CHILD = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+GOOD_DIFF = make_diff(BASELINE, GOOD_CHILD)
+GOOD_REPLY = f"Description: a narrower MLP, more steps\n\n```diff\n{GOOD_DIFF}```\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline
+
+
+def test_offline_proposals_compile_and_differ_from_their_parent():
+    proposer, context = OfflineProposer(seed=3), Context(BASELINE, PROGRAM, "test")
+    hashes = set()
+    for _ in range(25):
+        proposal = proposer.propose(context)
+        assert proposal.source != BASELINE
+        compile(proposal.source, "train.py", "exec")
+        assert apply_diff(BASELINE, make_diff(BASELINE, proposal.source)) == proposal.source
+        hashes.add(change_hash(BASELINE, proposal.source))
+        assert "\n" not in proposal.description and proposal.description
+    assert len(hashes) == 25  # never the same change twice
+
+
+def test_offline_proposer_is_deterministic_for_a_seed_and_varies_across_seeds():
+    context = Context(BASELINE)
+
+    def first(seed: int, n: int = 10) -> list[str]:
+        proposer = OfflineProposer(seed)
+        return [proposer.propose(context).source for _ in range(n)]
+
+    assert first(7) == first(7)
+    assert first(7) != first(8)
+
+
+def test_offline_proposer_never_proposes_an_already_tried_change():
+    everything = [
+        change_hash(BASELINE, child)
+        for _, child in OfflineProposer(0).candidates(BASELINE)
+        if child != BASELINE
+    ]
+    tried = frozenset(everything[:-1])  # all but one: only that one may come out
+    proposal = OfflineProposer(0).propose(Context(BASELINE, tried=tried))
+    assert change_hash(BASELINE, proposal.source) == everything[-1]
+    with pytest.raises(ProposalRefused, match="tried every change"):
+        OfflineProposer(0).propose(Context(BASELINE, tried=frozenset(everything)))
+
+
+def test_offline_proposer_skips_changes_in_the_history_of_peers():
+    first = OfflineProposer(5).propose(Context(BASELINE))
+    seen = Attempt(
+        "peer's try", "discard", 0.001, change_hash(BASELINE, first.source), "12D3KooWpeer"
+    )
+    second = OfflineProposer(5).propose(Context(BASELINE, history=(seen,)))
+    assert second.source != first.source
+
+
+def test_offline_proposer_steps_capital_constants_of_an_edited_parent():
+    parent = BASELINE.replace("MATRIX_LR = 0.02 ", "MATRIX_LR = 0.03 ")
+    children = [child for _, child in OfflineProposer(0).candidates(parent)]
+    assert any("MATRIX_LR = 0.06 " in c for c in children)  # x2 of the parent's value
+    assert all("MATRIX_LR = 0.04 " not in c for c in children)  # not of the baseline's
+
+
+# ---------------------------------------------------------------------------------------------
+# Extraction, without a server
+
+
+def test_a_whole_file_in_a_python_block_is_a_proposal():
+    reply = f"Description: narrower MLP\n```python\n{GOOD_CHILD}```"
+    proposal = extract_change(reply, BASELINE)
+    assert proposal.source == GOOD_CHILD and proposal.description == "narrower MLP"
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        ("I think a larger learning rate would help.", "no change"),
+        ("```python\nMLP_RATIO = 3\n```", "fragment"),
+        (f"```python\n{BASELINE.replace('MLP_RATIO = 4', 'MLP_RATIO = (')}```", "does not compile"),
+        (f"```python\n{BASELINE}```", "unchanged"),
+        (f"```diff\n{GOOD_DIFF}", "cut off"),
+    ],
+)
+def test_replies_without_a_usable_change_are_refused_with_a_reason(reply, reason):
+    with pytest.raises(ProposalRefused, match=reason):
+        extract_change(reply, BASELINE)
+
+
+def test_the_prompt_carries_program_train_py_and_what_peers_tried():
+    history = (Attempt("GELU MLP", "discard", 0.0042, "ab" * 32, "12D3KooWpeer"),)
+    system, user = build_messages(Context(BASELINE, PROGRAM, "cpu", history))
+    assert system["content"] == PROGRAM
+    assert BASELINE in user["content"] and "GELU MLP" in user["content"]
+    assert "+0.0042" in user["content"] and "discard" in user["content"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Through litellm, against a real OpenAI-style server on loopback
+
+
+class ChatServer:
+    """Answers POST /v1/chat/completions from a script: (status, reply text) per request."""
+
+    def __init__(self, script: list[tuple[int, str]]) -> None:
+        self.script, self.requests = list(script), []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body)
+                status, text = server.script.pop(0) if server.script else (500, "script ended")
+                if status == 200:
+                    payload = {
+                        "id": "chatcmpl-1", "object": "chat.completion", "created": int(time.time()),
+                        "model": body["model"],
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": text}}],
+                        "usage": {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200},
+                    }  # fmt: skip
+                else:
+                    payload = {"error": {"message": text, "type": "server_error", "code": status}}
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+        self.api_base = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def chat():
+    servers = []
+
+    def start(*script: tuple[int, str]) -> ChatServer:
+        servers.append(ChatServer(list(script)))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def llm(server: ChatServer, model: str = "openai/local-test-model", **kwargs) -> LLMProposer:
+    sleeps: list[float] = []
+    proposer = LLMProposer(
+        model, api_base=server.api_base, api_key="sk-test", backoff_s=0.01, sleep=sleeps.append,
+        **kwargs,
+    )  # fmt: skip
+    proposer.sleeps = sleeps
+    return proposer
+
+
+def test_llm_good_diff_becomes_a_proposal_that_applies(chat):
+    server = chat((200, GOOD_REPLY))
+    proposer = llm(server)
+    proposal = proposer.propose(Context(BASELINE, PROGRAM, "test"))
+    assert proposal.source == GOOD_CHILD
+    assert proposal.description == "a narrower MLP, more steps"
+    sent = server.requests[0]
+    assert sent["messages"][0]["content"] == PROGRAM and BASELINE in sent["messages"][1]["content"]
+    assert sent["model"] == "local-test-model"
+    usage = proposer.usage
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (1, 1000, 200)
+    assert usage.cost_usd == 0.0  # a local model litellm has no price for is free
+
+
+def test_llm_broken_diff_is_refused_clearly(chat):
+    broken = GOOD_DIFF.replace("MLP_RATIO = 4", "MLP_RATIO = 8")  # a removed line not in train.py
+    proposer = llm(chat((200, f"Description: x\n```diff\n{broken}```")))
+    with pytest.raises(ProposalRefused, match="diff is broken.*MLP_RATIO = 8"):
+        proposer.propose(Context(BASELINE))
+    assert proposer.usage.refused == 1
+
+
+def test_llm_prose_without_a_change_is_refused_clearly(chat):
+    proposer = llm(chat((200, "Try increasing the learning rate, it usually helps.")))
+    with pytest.raises(ProposalRefused, match="no change"):
+        proposer.propose(Context(BASELINE))
+
+
+def test_llm_already_tried_change_is_refused(chat):
+    proposer = llm(chat((200, GOOD_REPLY)))
+    tried = frozenset({change_hash(BASELINE, GOOD_CHILD)})
+    with pytest.raises(ProposalRefused, match="already tried"):
+        proposer.propose(Context(BASELINE, tried=tried))
+
+
+def test_llm_server_error_is_retried_then_succeeds(chat):
+    server = chat((500, "overloaded"), (429, "slow down"), (200, GOOD_REPLY))
+    proposer = llm(server)
+    assert proposer.propose(Context(BASELINE)).source == GOOD_CHILD
+    assert len(server.requests) == 3  # litellm's own retries are off: ours are counted
+    assert proposer.sleeps == [0.01, 0.02] and proposer.usage.retries == 2
+
+
+def test_llm_persistent_server_error_gives_up_after_bounded_attempts(chat):
+    server = chat(*[(500, "down")] * 10)
+    proposer = llm(server, max_attempts=3)
+    with pytest.raises(ModelError, match="failed 3 times.*500"):
+        proposer.propose(Context(BASELINE))
+    assert len(server.requests) == 3
+
+
+def test_llm_client_error_is_not_retried(chat):
+    server = chat((401, "invalid api key"), (200, GOOD_REPLY))
+    with pytest.raises(ModelError, match="refused the request"):
+        llm(server).propose(Context(BASELINE))
+    assert len(server.requests) == 1
+
+
+def test_llm_spending_limit_stops_proposing_and_survives_a_restart(chat, tmp_path):
+    server = chat((200, GOOD_REPLY), (200, GOOD_REPLY))
+    spent = tmp_path / "spent.json"
+    # A model litellm has a price for, served locally: each call costs a little.
+    proposer = llm(server, model="openai/gpt-4o-mini", max_cost_usd=1e-6, spent_path=spent)
+    proposer.propose(Context(BASELINE))
+    assert proposer.usage.cost_usd > 1e-6
+    with pytest.raises(SpendingLimitReached, match="limit"):
+        proposer.propose(Context(BASELINE))
+    assert len(server.requests) == 1  # the second call never reached the model
+    again = llm(server, model="openai/gpt-4o-mini", max_cost_usd=1e-6, spent_path=spent)
+    with pytest.raises(SpendingLimitReached):
+        again.propose(Context(BASELINE))
