@@ -1,0 +1,93 @@
+"""One research step: from the node's head, a proposal, its checks, one run, the decision, and
+a signed `result` in the ledger for every experiment that ran (discards and crashes too).
+
+It never runs a change that failed its checks, and never touches the network: the caller
+gossips the fact it returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from node import consensus, wire
+from node.agent.errors import AgentError, PatchError
+from node.agent.patch import apply_diff, check_source, diff_hash, make_diff, normalise_diff
+from node.agent.proposers import Proposer, context_from_ledger
+from node.identity import Identity
+from node.ledger import Ledger
+from node.trainer import Profile, RunResult, TokenData, run_experiment
+
+Check = Callable[[str], None]  # raises AgentError (or a subclass) when a train.py may not run
+
+
+@dataclass(frozen=True)
+class Head:
+    """The train.py this node builds on, and its own score of it on the profile."""
+
+    source: str
+    val_bpb: float
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one step did. `outcome` is keep, discard or crash after a run; refused without one."""
+
+    outcome: str
+    head: Head  # the node's head after the step: the child on a keep, else unchanged
+    description: str = ""
+    reason: str = ""  # why it was refused, or the run's error
+    run: RunResult | None = None
+    fact: wire.Fact | None = None
+
+
+def research_step(
+    ledger: Ledger, me: Identity, proposer: Proposer, head: Head, margin: float, profile: Profile,
+    data: TokenData, work_dir: Path, *, program: str = "", seed: int = 0,
+    check: Check | None = None, on_event: Callable[[dict], None] = lambda _: None,
+) -> Step:  # fmt: skip
+    """Propose a change of `head`, check it, run it, keep it only when it beats the head's own
+    score by more than `margin`, and publish a signed result of the run."""
+    context = context_from_ledger(
+        ledger, head.source, profile.name, program, me=me.peer_id, parent_val_bpb=head.val_bpb
+    )
+    try:
+        proposal = proposer.propose(context)
+        diff = normalise_diff(make_diff(head.source, proposal.source))
+        if apply_diff(head.source, diff) != proposal.source:
+            raise PatchError("the change does not survive its own diff: a bug in the proposer")
+        check_source(proposal.source)
+        if diff_hash(diff) in context.tried_hashes:
+            raise PatchError(f"the change {diff_hash(diff)[:12]} was already tried on this head")
+        if check is not None:
+            check(proposal.source)
+    except AgentError as exc:
+        return Step("refused", head, reason=str(exc))
+    child = ledger.add_version(proposal.source.encode())
+    started = int(time.time() * 1000)
+    run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = run_dir.with_suffix(".py")
+    script.write_text(proposal.source)
+    run = run_experiment(script, profile, data, run_dir, seed=seed, on_event=on_event)
+    score = run.val_bpb if run.outcome == "ok" else None
+    outcome = consensus.keep_or_discard(score, head.val_bpb, margin)
+    body = wire.result_body_from_run(
+        run.as_dict(), parent=head.sha256, diff=diff.encode(), description=proposal.description,
+        keep=outcome == "keep",
+    )  # fmt: skip
+    fact = ledger.publish(me, "result", body)
+    ledger.record_run(
+        started=started, finished=int(time.time() * 1000), profile=profile.name,
+        parent=head.sha256, child=child, outcome=outcome, val_bpb=score,
+        description=proposal.description, log_path=str(run_dir / "log.txt"), fact_id=fact.id,
+    )  # fmt: skip
+    new_head = Head(proposal.source, score) if outcome == "keep" and score is not None else head
+    return Step(outcome, new_head, proposal.description, run.error or "", run, fact)
