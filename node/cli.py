@@ -89,6 +89,8 @@ def run(
     train_py: Annotated[Path | None, typer.Option("--train-py", help="The train.py to run (default: the baseline).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for the model's initialisation and the data order.")] = 0,
     data: DataOption = None,
+    sandbox: Annotated[bool | None, typer.Option(
+        "--sandbox/--no-sandbox", help="Run train.py in bubblewrap (default: whenever it is installed).")] = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -101,6 +103,11 @@ def run(
     script = (train_py or BASELINE_TRAIN_PY).expanduser()
     if not script.is_file():
         raise SwarmError(f"{script} is not a file; pass the train.py to run with --train-py PATH")
+    from node.trainer.sandbox import sandbox_available
+
+    if sandbox is None and not sandbox_available():
+        err_console.print("[yellow]warning:[/] no sandbox (bubblewrap) on this machine: train.py runs "
+                          "unconfined; run only code you trust", highlight=False)
     home_dir, prof, tokens = _prepare(profile, data, home)
     run_dir = home_dir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{prof.name}-{os.getpid()}"
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
@@ -117,7 +124,7 @@ def run(
             elif name == "eval_start":
                 bar.update(task, description=f"{prof.name}: evaluating", completed=1.0, info="")
 
-        result = run_experiment(script, prof, tokens, run_dir, seed=seed, on_event=show)
+        result = run_experiment(script, prof, tokens, run_dir, seed=seed, on_event=show, sandbox=sandbox)
     if as_json:
         print(json.dumps(result.as_dict()))
     else:
@@ -141,6 +148,7 @@ def _print_result(result) -> None:
         ("seed", str(result.seed)),
         ("train.py", result.train_py_sha256[:16]),
         ("harness", result.harness_sha256[:16]),
+        ("sandbox", "bubblewrap" if result.sandboxed else "none"),
         ("run folder", result.run_dir),
     ]
     for key, value in rows:
@@ -149,6 +157,80 @@ def _print_result(result) -> None:
     if result.error:
         err_console.print(f"[bold red]crash:[/] {result.error}", highlight=False)
         err_console.print(result.log_tail, highlight=False, markup=False)
+
+
+# ---------------------------------------------------------------- gossip: bootstrap, peer, peers
+
+ListenOption = Annotated[str, typer.Option("--listen", help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (tcp/0: any free port).")]
+
+
+@app.command("bootstrap")
+def bootstrap_cmd(
+    listen: ListenOption = "/ip4/0.0.0.0/tcp/4001",
+    campaign: Annotated[str | None, typer.Option("--campaign", help="Also relay and store this campaign's facts.")] = None,
+    home: HomeOption = None,
+) -> None:
+    """Run a bootstrap peer: a stable address that newcomers dial first. It trains nothing.
+
+    Prints its full multiaddr (with /p2p/<peer id>); pass that to `swarm peer --bootstrap`.
+
+    Example: swarm bootstrap --listen /ip4/0.0.0.0/tcp/4001 --home ~/.swarm-bootstrap
+    """
+    from bootstrap import run_bootstrap
+    from node.home import resolve_home
+
+    run_bootstrap(listen, resolve_home(home), campaign)
+
+
+@app.command("peer")
+def peer_cmd(
+    campaign: Annotated[str, typer.Option("--campaign", help="The campaign whose facts to gossip.")],
+    bootstrap: Annotated[list[str] | None, typer.Option("--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable).")] = None,
+    listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
+    publish_every: Annotated[float, typer.Option("--publish-every", help="Publish a synthetic result every SECONDS (tests, benchmarks).")] = 0.0,
+    publish_count: Annotated[int, typer.Option("--publish-count", help="Stop after this many synthetic results (0: no limit).")] = 0,
+    home: HomeOption = None,
+) -> None:
+    """Run a gossiping node without training: find peers, sync, relay and store facts.
+
+    Facts that other processes write into this home's ledger under this node's key are
+    gossiped as they appear. `swarm peers --home DIR` shows what the node sees.
+
+    Example: swarm peer --campaign demo --bootstrap /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...
+    """
+    from node.gossip import GossipConfig, run_peer
+    from node.home import resolve_home
+
+    run_peer(GossipConfig(home=resolve_home(home), listen=listen, bootstrap=list(bootstrap or []),
+                          campaign=campaign, publish_every=publish_every, publish_count=publish_count))
+
+
+@app.command("peers")
+def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """Show what the node running in this home sees: its addresses, peers and counts.
+
+    Example: swarm peers --home ~/.research-swarm
+    """
+    from node.gossip import read_status
+    from node.home import resolve_home
+
+    status = read_status(resolve_home(home))
+    if as_json:
+        print(json.dumps(status))
+        return
+    table = Table(title=f"gossip: {status['peer_id']}", show_header=False)
+    for addr in status["addrs"]:
+        table.add_row("address", addr)
+    table.add_row("campaign", str(status["campaign"]))
+    table.add_row("connected", str(len(status["connected"])))
+    table.add_row("known peers", str(status["known"]))
+    table.add_row("banned", str(len(status["banned"])))
+    table.add_row("facts held", str(status["facts"]))
+    for key, value in status["counts"].items():
+        table.add_row(key, str(value))
+    console.print(table)
+    for peer in status["connected"]:
+        console.print(f"  {peer}")
 
 
 def main() -> None:

@@ -64,7 +64,7 @@ def test_a_crashing_train_py_ends_as_crash_with_its_log_tail(tmp_path, test_data
 def test_a_train_py_that_hangs_before_training_is_killed_at_the_startup_limit(tmp_path, test_data):
     profile = dataclasses.replace(FAST, startup_seconds=3)
     began = time.monotonic()
-    result = run_source(tmp_path, PRELUDE + "import time\nprint('waiting', flush=True)\ntime.sleep(3600)\n",
+    result = run_source(tmp_path, PRELUDE + "print('waiting', flush=True)\nwhile True:\n    pass\n",
                         profile=profile, data=test_data)
     assert time.monotonic() - began < 20
     assert result.outcome == "crash" and "startup ran past its limit" in result.error

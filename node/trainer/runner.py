@@ -8,6 +8,7 @@ tail of the log. It never trusts a number that `train.py` could have printed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -23,9 +24,17 @@ from pathlib import Path
 
 from node.trainer.data import TokenData
 from node.trainer.errors import TrainerError
+from node.trainer.policy import check_source
 from node.trainer.profiles import Profile
+from node.trainer.sandbox import (
+    bwrap_command,
+    clean_environment,
+    limit_resources,
+    sandbox_available,
+)
 
-HARNESS_FILES = ("corpus.py", "data.py", "harness.py", "profiles.py", "runner.py", "tokenizer.py", "webdata.py")
+HARNESS_FILES = ("corpus.py", "data.py", "harness.py", "policy.py", "profiles.py", "runner.py", "sandbox.py",
+                 "tokenizer.py", "webdata.py")
 LOG_TAIL_LINES = 40
 # Dense bf16 matrix rate by device name, for MFU; override with SWARM_PEAK_FLOPS.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12}
@@ -69,6 +78,7 @@ class RunResult:
     error: str | None = None
     log_tail: str = ""
     run_dir: str = ""
+    sandboxed: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -106,12 +116,21 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: Path, seed: int = 0,
-                   on_event: OnEvent = lambda _: None) -> RunResult:
-    """Run `train_py` once under `profile` and return what the harness measured."""
+                   on_event: OnEvent = lambda _: None, sandbox: bool | None = None) -> RunResult:
+    """Run `train_py` once under `profile` and return what the harness measured.
+
+    The source passes the static policy first (a version that fails never runs). `sandbox`:
+    True requires bubblewrap, False runs without it, None uses it where the machine has it.
+    """
     try:
         source = train_py.read_bytes()
     except OSError as exc:
         raise TrainerError(f"cannot read {train_py}: {exc.strerror}; pass an existing file with --train-py") from exc
+    if sandbox and not sandbox_available():
+        raise TrainerError("no sandbox on this machine: install bubblewrap (apt-get install bubblewrap), "
+                           "or run without one only for code you trust (--no-sandbox)")
+    use_sandbox = sandbox_available() if sandbox is None else sandbox
+    run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train.py").write_bytes(source)
     config = {
@@ -121,20 +140,28 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
     }
     (run_dir / "config.json").write_text(json.dumps(config, indent=1))
     base = dict(train_py_sha256=hashlib.sha256(source).hexdigest(), harness_sha256=harness_sha256(),
-                profile=profile.name, seed=seed, data_sha256=data.sha256, run_dir=str(run_dir))
+                profile=profile.name, seed=seed, data_sha256=data.sha256, run_dir=str(run_dir),
+                sandboxed=use_sandbox)
+    violations = check_source(source.decode("utf-8", "replace"))
+    if violations:
+        return _finish(_refused(violations, base), run_dir, on_event)
     log_path = run_dir / "log.txt"
     read_fd, write_fd = os.pipe()
-    package_root = str(Path(__file__).resolve().parents[2])  # the harness must import in the child too
-    python_path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "SWARM_STATUS_FD": str(write_fd), "PYTHONUNBUFFERED": "1", "PYTHONPATH": python_path}
+    package = Path(__file__).resolve().parents[1]  # node/: the harness must import in the child
+    env = clean_environment({"SWARM_STATUS_FD": str(write_fd), "PYTHONUNBUFFERED": "1", "HOME": str(run_dir),
+                             "PYTHONPATH": str(package.parent)})
     if profile.threads:
         env["OMP_NUM_THREADS"] = str(profile.threads)
+    cmd = [sys.executable, "-m", "node.trainer.harness", str(run_dir / "config.json")]
+    if use_sandbox:
+        cmd = bwrap_command(cmd, run_dir, [package, data.train_path, data.val_path, data.token_bytes_path],
+                            profile.device)
     started = time.monotonic()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "node.trainer.harness", str(run_dir / "config.json")],
-            cwd=run_dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cmd, cwd=run_dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             pass_fds=(write_fd,), env=env, start_new_session=True,
+            preexec_fn=functools.partial(limit_resources, profile.device),
         )
     os.close(write_fd)
     try:
@@ -143,10 +170,20 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
         os.close(read_fd)
         _kill_group(proc)
     outcome["total_seconds"] = time.monotonic() - started
-    result = _result(outcome, base, profile, log_path)
+    return _finish(_result(outcome, base, profile, log_path), run_dir, on_event)
+
+
+def _finish(result: RunResult, run_dir: Path, on_event: OnEvent) -> RunResult:
     (run_dir / "result.json").write_text(json.dumps(result.as_dict(), indent=1))
     on_event({"event": "done", "outcome": result.outcome, "val_bpb": result.val_bpb})
     return result
+
+
+def _refused(violations: list, base: dict) -> RunResult:
+    """The result of a version the policy refused: it never ran."""
+    shown = "; ".join(str(v) for v in violations[:5]) + ("; ..." if len(violations) > 5 else "")
+    return RunResult(outcome="crash", val_bpb=None, steps=0, tokens=0, train_seconds=0.0, total_seconds=0.0,
+                     peak_memory_mb=None, mfu=None, error=f"refused by the policy: {shown}", **base)
 
 
 def _watch(proc: subprocess.Popen, read_fd: int, profile: Profile, started: float, on_event: OnEvent) -> dict:
