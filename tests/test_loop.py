@@ -9,8 +9,9 @@ from conftest import CAMPAIGN
 
 from node.agent.errors import PatchError, ProposalRefused
 from node.agent.loop import Head, research_step
+from node.agent.offline import OfflineProposer
 from node.agent.patch import change_hash
-from node.agent.proposers import Context, OfflineProposer, Proposal, context_from_ledger
+from node.agent.proposers import Context, Proposal, context_from_ledger
 from node.ledger import Ledger
 from node.trainer import BASELINE_TRAIN_PY, get_profile
 

@@ -11,15 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from node.agent.errors import ModelError, ProposalRefused, SpendingLimitReached
+from node.agent.llm import LLMProposer, build_messages, extract_change
+from node.agent.offline import OfflineProposer
 from node.agent.patch import apply_diff, change_hash, make_diff
-from node.agent.proposers import (
-    Attempt,
-    Context,
-    LLMProposer,
-    OfflineProposer,
-    build_messages,
-    extract_change,
-)
+from node.agent.proposers import Attempt, Context
 from node.trainer import BASELINE_TRAIN_PY
 
 BASELINE = BASELINE_TRAIN_PY.read_text()

@@ -11,16 +11,10 @@ from node.agent.errors import (
     ProposalRefused,
     SpendingLimitReached,
 )
+from node.agent.llm import LLMProposer
+from node.agent.offline import OfflineProposer
 from node.agent.patch import apply_diff, change_hash, diff_hash, make_diff, merge, normalise_diff
-from node.agent.proposers import (
-    Attempt,
-    Context,
-    LLMProposer,
-    OfflineProposer,
-    Proposal,
-    Proposer,
-    context_from_ledger,
-)
+from node.agent.proposers import Attempt, Context, Proposal, Proposer, context_from_ledger
 
 __all__ = [
     "AgentError",

@@ -1,0 +1,169 @@
+"""The offline proposer: seeded steps of train.py's CAPITAL constants and known-good edits.
+
+It needs no network and no key, so a laptop without a model still contributes. Deterministic
+for a seed and a parent; it never proposes a change already tried on that parent.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from node.agent.errors import PatchError, ProposalRefused
+from node.agent.patch import change_hash, check_source
+from node.agent.proposers import Context, Proposal
+
+SKIP_CONSTANTS = frozenset({"LOG_EVERY", "COMPILE"})  # no effect on what the model learns
+FLOAT_FACTORS = (0.5, 0.7, 1.4, 2.0)
+MAX_PAIRS = 400  # pairs of hyperparameter steps, tried once every single step was
+
+# (description, text in the baseline, replacement): applied only where the text occurs once.
+KNOWN_EDITS = (
+    ("Warmdown over the last 60% of the budget, not 40%", "WARMDOWN = 0.4 ", "WARMDOWN = 0.6 "),
+    ("Muon momentum 0.9 instead of 0.95", "MUON_MOMENTUM = 0.95 ", "MUON_MOMENTUM = 0.9 "),
+    ("MLP ratio 3: a narrower MLP, more steps in the budget", "MLP_RATIO = 4 ", "MLP_RATIO = 3 "),
+    ("Logit softcap 30 instead of 15", "LOGIT_SOFTCAP = 15.0 ", "LOGIT_SOFTCAP = 30.0 "),
+    ("Cosine warmdown instead of a linear one", "max(0.0, (1 - progress) / WARMDOWN)",
+     "0.5 * (1 - math.cos(math.pi * max(0.0, (1 - progress) / WARMDOWN)))"),
+    ("Learning rate falls to 10% of its peak, not to zero", "max(0.0, (1 - progress) / WARMDOWN)",
+     "max(0.1, (1 - progress) / WARMDOWN)"),
+    ("Learning-rate warm-up over the first 2% of the budget",
+     "def lr_scale(progress):\n    return 1.0 if",
+     "def lr_scale(progress):\n    if progress < 0.02:\n        return max(progress / 0.02, 0.05)\n"
+     "    return 1.0 if"),
+    ("GELU MLP instead of ReLU squared", "F.relu(self.up(x)).square()", "F.gelu(self.up(x))"),
+    ("Four Newton-Schulz steps in Muon instead of five", "def orthogonalize(G, steps=5):",
+     "def orthogonalize(G, steps=4):"),
+    ("Muon without Nesterov: orthogonalize the momentum itself",
+     'orthogonalize(grads.lerp_(buf, group["momentum"]))', "orthogonalize(buf)"),
+)  # fmt: skip
+
+
+def _fmt(value: float) -> str:
+    text = f"{value:.4g}"
+    if "e" in text and abs(value) >= 1:
+        text = repr(float(text))
+    return text if any(c in text for c in ".e") else text + ".0"
+
+
+def _steps(value: int | float) -> list[int | float]:
+    """Sensible neighbours of a hyperparameter value."""
+    if isinstance(value, int):
+        step = max(1, value // 4)
+        return [v for v in (value - step, value + step) if v >= 1]
+    if value <= 0:
+        return []
+    if 0.5 < value < 1:  # a share near 1 (momentum, beta): scale its distance from 1
+        return [1 - (1 - value) * f for f in (0.5, 2.0) if (1 - value) * f < 1]
+    return [value * f for f in FLOAT_FACTORS if value >= 1 or value * f < 1]
+
+
+@dataclass(frozen=True)
+class _Step:
+    description: str
+    line: int  # 0-based line of the constant
+    name: str
+    new_line: str
+
+
+def hyperparameter_steps(source: str) -> list[_Step]:
+    """One step per CAPITAL numeric constant (or tuple element) of train.py and neighbour value."""
+    lines = source.split("\n")
+    out: list[_Step] = []
+    for stmt in ast.parse(source).body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+            continue
+        target = stmt.targets[0]
+        if (
+            not (isinstance(target, ast.Name) and target.id.isupper())
+            or target.id in SKIP_CONSTANTS
+        ):
+            continue
+        nodes = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [stmt.value]
+        for i, node in enumerate(nodes):
+            value = getattr(node, "value", None)
+            if not isinstance(node, ast.Constant) or type(value) not in (int, float):
+                continue
+            if node.lineno != node.end_lineno:
+                continue
+            name = target.id if len(nodes) == 1 else f"{target.id}[{i}]"
+            raw = lines[node.lineno - 1].encode()  # ast's columns count UTF-8 bytes
+            old_text = raw[node.col_offset : node.end_col_offset].decode()
+            for new in _steps(value):
+                text = str(new) if isinstance(new, int) else _fmt(new)
+                if text == old_text:
+                    continue
+                new_line = (
+                    raw[: node.col_offset] + text.encode() + raw[node.end_col_offset :]
+                ).decode()
+                out.append(
+                    _Step(f"{name} {old_text} -> {text}", node.lineno - 1, target.id, new_line)
+                )
+    return out
+
+
+def _with_lines(source: str, steps: tuple[_Step, ...]) -> str:
+    lines = source.split("\n")
+    for step in steps:
+        lines[step.line] = step.new_line
+    return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=4096)
+def _change_hash(parent: str, child: str) -> str:
+    return change_hash(parent, child)
+
+
+class OfflineProposer:
+    """Seeded changes that need no model: each call gives the next untried one on the parent.
+
+    The order depends only on the seed and the parent, so the same seed proposes the same
+    changes; different seeds explore in different orders, which spreads a swarm's work.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._proposed: set[tuple[str, str]] = set()  # (parent, change hash) given out already
+
+    def candidates(self, source: str) -> Iterator[tuple[str, str]]:
+        """(description, child source) in this seed's order for this parent; may not compile."""
+        rng = random.Random(f"{self.seed}:{hashlib.sha256(source.encode()).hexdigest()}")
+        steps = hyperparameter_steps(source)
+        singles: list[tuple[str, Callable[[], str]]] = [
+            (d, lambda old=old, new=new: source.replace(old, new))
+            for d, old, new in KNOWN_EDITS if source.count(old) == 1
+        ]  # fmt: skip
+        singles += [(s.description, lambda s=s: _with_lines(source, (s,))) for s in steps]
+        rng.shuffle(singles)
+        for description, make in singles:
+            yield description, make()
+        pairs = [(a, b) for a, b in itertools.combinations(steps, 2) if a.name != b.name]
+        rng.shuffle(pairs)
+        for a, b in pairs[:MAX_PAIRS]:
+            yield f"{a.description}; {b.description}", _with_lines(source, (a, b))
+
+    def propose(self, context: Context) -> Proposal:
+        parent, tried = context.parent, context.tried_hashes
+        seen: set[str] = set()
+        for description, child in self.candidates(context.train_py):
+            if child == context.train_py:
+                continue
+            key = _change_hash(context.train_py, child)
+            if key in tried or key in seen or (parent, key) in self._proposed:
+                continue
+            seen.add(key)
+            try:
+                check_source(child)
+            except PatchError:
+                continue
+            self._proposed.add((parent, key))
+            return Proposal(description, child)
+        raise ProposalRefused(
+            "the offline proposer has tried every change it knows on this train.py; "
+            "adopt a newer head, or configure a model with --model"
+        )
