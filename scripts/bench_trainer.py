@@ -99,7 +99,8 @@ def main() -> None:
             rows.append(row)
             with (args.out / f"bench_{profile.name}.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            print(f"{name} seed {seed}: {result.outcome} val_bpb={result.val_bpb} {result.error or ''}", flush=True)
+            print(f"{name} seed {seed}: {result.outcome} val_bpb={result.val_bpb} sandboxed={result.sandboxed} "
+                  f"{result.error or ''}", flush=True)
             if result.error:
                 print(result.log_tail)
     print()
