@@ -80,6 +80,18 @@ def verified_children(
     }
 
 
+def refuted_claims(
+    results: Iterable[Mapping[str, Any]],
+    verifications: Iterable[Mapping[str, Any]],
+    quorum: int = 1,
+) -> set[str]:
+    """The results refuted by at least `quorum` distinct peers other than their author, with
+    the same harness and profile: blocked, whatever confirms them."""
+    by_id = {r["id"]: r for r in results}
+    refuters = _voters(by_id, verifications, "refute")
+    return {rid for rid, peers in refuters.items() if len(peers) >= quorum}
+
+
 def best_head(
     results: Iterable[Mapping[str, Any]],
     verifications: Iterable[Mapping[str, Any]],

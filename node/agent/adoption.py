@@ -1,0 +1,116 @@
+"""Adoption: find the swarm's best verified head in the ledger, and turn other verified wins made
+on older parents into three-way merges onto the head, queued as this node's next candidates.
+
+The head comes from `consensus.best_head` alone. This module never publishes and never runs code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from node import consensus
+from node.agent.errors import PatchError
+from node.agent.patch import change_hash, check_source, merge
+from node.agent.proposers import Context, Proposal, Proposer
+from node.ledger import Ledger
+
+
+def swarm_rows(ledger: Ledger, profile: str) -> tuple[list[dict], list[dict]]:
+    """(results, verifications) of `profile` from the ledger, as `consensus` reads them."""
+    results = ledger.rows(
+        "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description "
+        "FROM results WHERE profile = ?",
+        (profile,),
+    )
+    verifications = ledger.rows(
+        "SELECT result, author, verdict, profile, harness FROM verifications WHERE profile = ?",
+        (profile,),
+    )
+    return results, verifications
+
+
+def best_head(
+    ledger: Ledger, profile: str, baseline: str, quorum: int = 1, harness: str | None = None
+) -> str:
+    """The sha256 of the best verified train.py of `profile` that the ledger's facts give."""
+    results, verifications = swarm_rows(ledger, profile)
+    return consensus.best_head(results, verifications, profile, baseline, quorum, harness)
+
+
+def _ancestors(results: list[Mapping[str, Any]], version: str) -> set[str]:
+    """Every version some result made `version` from, transitively (parent links may loop)."""
+    parents: dict[str, set[str]] = {}
+    for r in results:
+        parents.setdefault(r["child"], set()).add(r["parent"])
+    seen, todo = {version}, [version]
+    while todo:
+        for parent in parents.get(todo.pop(), ()):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+def merge_proposals(
+    ledger: Ledger, head: str, profile: str, quorum: int = 1, harness: str | None = None
+) -> list[Proposal]:
+    """Verified wins made on other parents than `head`, each merged three-way onto the head
+    (its parent as the base), best claimed val_bpb first. Wins already in the head's lineage,
+    conflicting merges, and merges that do not compile are left out."""
+    head_source = ledger.version(head)
+    if head_source is None:
+        return []
+    head_text = head_source.decode()
+    results, verifications = swarm_rows(ledger, profile)
+    kept = [
+        r for r in results
+        if r["outcome"] == "keep" and r["val_bpb"] is not None
+        and (harness is None or r["harness"] == harness)
+    ]  # fmt: skip
+    verified = consensus.verified_children(kept, verifications, quorum)
+    lineage = _ancestors(results, head)
+    out, seen = [], set()
+    for r in sorted(
+        (r for r in kept if r["id"] in verified), key=lambda r: (r["val_bpb"], r["id"])
+    ):
+        if r["child"] in lineage or r["parent"] == head:
+            continue
+        parent, child = ledger.version(r["parent"]), ledger.version(r["child"])
+        if parent is None or child is None:
+            continue
+        merged = merge(parent.decode(), head_text, child.decode())
+        if merged is None or merged == head_text:
+            continue
+        try:
+            check_source(merged)
+        except PatchError:
+            continue
+        key = change_hash(head_text, merged)
+        if key not in seen:
+            seen.add(key)
+            out.append(Proposal(f"merge of {r['child'][:12]}: {r['description']}", merged))
+    return out
+
+
+class QueuedProposer:
+    """Queued proposals for one parent (merges after an adoption) first, then the inner
+    proposer's; a queued proposal is dropped once the parent moved or its change was tried."""
+
+    def __init__(self, inner: Proposer) -> None:
+        self.inner = inner
+        self.queue: list[tuple[str, Proposal]] = []
+
+    def queue_for(self, parent_source: str, proposals: list[Proposal]) -> None:
+        parent = hashlib.sha256(parent_source.encode()).hexdigest()
+        self.queue = [(parent, p) for p in proposals]
+
+    def propose(self, context: Context) -> Proposal:
+        while self.queue:
+            parent, proposal = self.queue.pop(0)
+            if parent == context.parent and (
+                change_hash(context.train_py, proposal.source) not in context.tried_hashes
+            ):
+                return proposal
+        return self.inner.propose(context)

@@ -1,0 +1,135 @@
+"""Verification: re-run other peers' most promising unverified claims on this machine, with this
+node's own seed, and publish a signed verdict measured against its own run of the parent.
+
+It never trusts a claimed number, never verifies its own claims (they would not count), and
+never runs a stranger's train.py that fails the node's checks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from node import consensus, wire
+from node.agent.errors import AgentError
+from node.identity import Identity
+from node.ledger import Ledger
+from node.trainer import Profile, RunResult, TokenData, run_experiment
+
+Check = Callable[[str], None]
+Run = Callable[..., RunResult]
+
+
+def claims_to_verify(
+    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], me: str,
+    profile: str, harness: str, quorum: int = 1, limit: int = 5,
+) -> list[Mapping[str, Any]]:  # fmt: skip
+    """Kept claims of other peers on `profile`, measured with this node's `harness`, that this
+    node has not judged yet and the quorum has neither verified nor refuted: the lowest claimed
+    val_bpb first (the likeliest next heads), ties by id. Pure: no I/O."""
+    claims = [
+        r
+        for r in results
+        if r["profile"] == profile and r["harness"] == harness and r["outcome"] == "keep"
+        and r["author"] != me and r["val_bpb"] is not None
+    ]  # fmt: skip
+    verifications = list(verifications)
+    judged = {v["result"] for v in verifications if v["author"] == me}
+    settled = set(consensus.verified_children(claims, verifications, quorum))
+    refuted = consensus.refuted_claims(claims, verifications, quorum)
+    open_claims = {
+        r["id"]: r for r in claims if r["id"] not in judged | settled | refuted
+    }  # one per id, whatever the order of arrival
+    return sorted(open_claims.values(), key=lambda r: (r["val_bpb"], r["id"]))[:limit]
+
+
+def ledger_claims_to_verify(
+    ledger: Ledger, me: str, profile: str, harness: str, quorum: int = 1, limit: int = 5
+) -> list[Mapping[str, Any]]:
+    """`claims_to_verify` over the ledger's results and verifications on `profile`."""
+    results = ledger.rows(
+        "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description "
+        "FROM results WHERE profile = ? AND outcome = 'keep'",
+        (profile,),
+    )
+    verifications = ledger.rows(
+        "SELECT result, author, verdict, profile, harness FROM verifications WHERE profile = ?",
+        (profile,),
+    )
+    return claims_to_verify(results, verifications, me, profile, harness, quorum, limit)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One verification: the verdict, this node's runs, and the signed fact it published."""
+
+    verdict: str
+    child_val_bpb: float | None
+    parent_val_bpb: float
+    fact: wire.Fact
+    child_run: RunResult
+    parent_run: RunResult | None  # None when this node's earlier score of the parent was used
+
+
+def verify_claim(
+    ledger: Ledger, me: Identity, claim: Mapping[str, Any], margin: float, profile: Profile,
+    data: TokenData, work_dir: Path, *, seed: int = 0, parent_val_bpb: float | None = None,
+    check: Check | None = None, run: Run = run_experiment,
+) -> Verified:  # fmt: skip
+    """Run the claim's child (and its parent, unless `parent_val_bpb` is this node's own earlier
+    score of it) and publish a `verification` with the verdict of `consensus.verdict`."""
+    if claim["author"] == me.peer_id:
+        raise AgentError("a node cannot verify its own claim: its confirmation would not count")
+    sources = {}
+    for role in ("parent", "child"):
+        source = ledger.version(claim[role])
+        if source is None:
+            raise AgentError(
+                f"this node lacks the {role} train.py {claim[role][:12]} of claim "
+                f"{claim['id'][:12]}: fetch it from a peer first"
+            )
+        sources[role] = source.decode()
+    if check is not None:
+        check(sources["child"])
+    base = Path(work_dir) / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{claim['id'][:12]}"
+    child_run = _run(ledger, sources["child"], "child", claim, profile, data, base, seed, run)
+    parent_run = None
+    if parent_val_bpb is None:
+        parent_run = _run(
+            ledger, sources["parent"], "parent", claim, profile, data, base, seed, run
+        )
+        if parent_run.outcome != "ok" or parent_run.val_bpb is None:
+            raise AgentError(
+                f"this node's own run of the parent {claim['parent'][:12]} crashed "
+                f"({parent_run.error}): no verdict published; see {parent_run.run_dir}"
+            )
+        parent_val_bpb = parent_run.val_bpb
+    child_bpb = child_run.val_bpb if child_run.outcome == "ok" else None
+    verdict = consensus.verdict(child_bpb, parent_val_bpb, margin)
+    body = wire.verification_body(
+        result=claim["id"], child_val_bpb=child_bpb, parent_val_bpb=parent_val_bpb, seed=seed,
+        profile=profile.name, harness=child_run.harness_sha256, verdict=verdict,
+    )  # fmt: skip
+    fact = ledger.publish(me, "verification", body)
+    return Verified(verdict, child_bpb, parent_val_bpb, fact, child_run, parent_run)
+
+
+def _run(
+    ledger: Ledger, source: str, role: str, claim: Mapping[str, Any], profile: Profile,
+    data: TokenData, base: Path, seed: int, run: Run,
+) -> RunResult:  # fmt: skip
+    run_dir = base / role
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = base / f"{role}.py"
+    script.write_text(source)
+    started = int(time.time() * 1000)
+    result = run(script, profile, data, run_dir, seed=seed)
+    ledger.record_run(
+        started=started, finished=int(time.time() * 1000), profile=profile.name,
+        parent=claim["parent"], child=claim[role], outcome=result.outcome, val_bpb=result.val_bpb,
+        description=f"verify {claim['id'][:12]}: {role}", log_path=str(run_dir / "log.txt"),
+    )  # fmt: skip
+    return result

@@ -1,0 +1,84 @@
+"""Adoption: the ledger's best verified head, merges of other verified wins, the queue of merges."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from conftest import CAMPAIGN, make_result, make_verification
+
+from node.agent.adoption import QueuedProposer, best_head, merge_proposals
+from node.agent.offline import OfflineProposer
+from node.agent.patch import change_hash
+from node.agent.proposers import Context
+from node.ledger import Ledger
+from node.trainer import BASELINE_TRAIN_PY
+
+BASELINE = BASELINE_TRAIN_PY.read_text()
+NARROW = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+WIDE = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 5 ")
+FOUR_STEPS = BASELINE.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
+BOTH = NARROW.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.fixture
+def book(tmp_path):
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
+        for source in (BASELINE, NARROW, WIDE, FOUR_STEPS):
+            ledger.add_version(source.encode())
+        yield ledger
+
+
+def claim(book, who, seq, child, bpb, confirmers=()):
+    fact = make_result(who, seq, sha(BASELINE), sha(child), bpb, profile="test")
+    assert book.ingest(fact.raw) == fact
+    for peer in confirmers:
+        check = make_verification(peer, book.next_seq(peer.public_key), fact)
+        assert book.ingest(check.raw) == check
+    return fact
+
+
+def test_the_head_is_the_best_verified_win_and_other_wins_merge_onto_it(book, alice, bob, carol):
+    claim(book, alice, 1, NARROW, 1.40, [carol])
+    claim(book, bob, 1, FOUR_STEPS, 1.45, [carol])
+    head = best_head(book, "test", sha(BASELINE))
+    assert head == sha(NARROW)
+    merges = merge_proposals(book, head, "test")
+    assert [m.source for m in merges] == [BOTH]
+    assert merges[0].description.startswith(f"merge of {sha(FOUR_STEPS)[:12]}")
+
+
+def test_unverified_refuted_and_conflicting_wins_are_not_merged(book, alice, bob, carol):
+    claim(book, alice, 1, NARROW, 1.40, [carol])
+    claim(book, bob, 1, FOUR_STEPS, 1.45)  # nobody confirmed it
+    claim(book, bob, 2, WIDE, 1.42, [alice])  # touches the head's line differently
+    assert merge_proposals(book, sha(NARROW), "test") == []
+    assert best_head(book, "test", sha(BASELINE), quorum=2) == sha(BASELINE)
+
+
+def test_queued_merges_come_first_then_the_inner_proposer():
+    queue = QueuedProposer(OfflineProposer(0))
+    queue.queue_for(NARROW, merge_proposals_stub())
+    context = Context(NARROW)
+    assert queue.propose(context).source == BOTH
+    following = queue.propose(context)
+    assert following.source not in (BOTH, NARROW)  # the offline proposer's turn
+
+
+def test_a_queued_merge_is_dropped_when_the_head_moved_or_it_was_tried():
+    queue = QueuedProposer(OfflineProposer(0))
+    queue.queue_for(NARROW, merge_proposals_stub())
+    assert queue.propose(Context(WIDE)).source != BOTH  # another head: the merge is stale
+    queue.queue_for(NARROW, merge_proposals_stub())
+    tried = frozenset({change_hash(NARROW, BOTH)})
+    assert queue.propose(Context(NARROW, tried=tried)).source != BOTH
+
+
+def merge_proposals_stub():
+    from node.agent.proposers import Proposal
+
+    return [Proposal("merge of four Newton-Schulz steps", BOTH)]

@@ -1,0 +1,151 @@
+"""Verification: which claims a node re-runs, and the verdict it publishes from its own runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import pytest
+from conftest import CAMPAIGN, make_result
+
+from node import consensus
+from node.agent.errors import AgentError
+from node.agent.verifier import claims_to_verify, ledger_claims_to_verify, verify_claim
+from node.ledger import Ledger
+from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile, harness_sha256
+
+BASELINE = BASELINE_TRAIN_PY.read_text()
+LOOP = "for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):"
+UNTRAINED = BASELINE.replace(LOOP, LOOP + "\n    continue")  # a parent any trained child beats
+FAST = dataclasses.replace(
+    get_profile("test"), budget_seconds=1.5, startup_seconds=30, grace_seconds=5, eval_seconds=30
+)
+HARNESS = harness_sha256()
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def row(rid, author, bpb, outcome="keep", profile="test", harness="h"):
+    return {"id": rid, "author": author, "val_bpb": bpb, "outcome": outcome, "profile": profile,
+            "harness": harness, "parent": "p", "child": f"c{rid}"}  # fmt: skip
+
+
+def vote(rid, author, verdict="confirm"):
+    return {"result": rid, "author": author, "verdict": verdict, "profile": "test", "harness": "h"}
+
+
+def test_a_node_verifies_open_claims_of_others_most_promising_first():
+    results = [
+        row("r1", "alice", 1.5), row("r2", "bob", 1.3), row("r3", "me", 1.1),  # own: never
+        row("r4", "bob", 1.2, outcome="discard"), row("r5", "bob", 1.0, harness="other"),
+        row("r6", "carol", 1.4), row("r7", "carol", 1.35), row("r8", "alice", 1.25),
+        row("r9", "carol", 1.45), row("r2", "bob", 1.3),  # a fact delivered twice
+    ]  # fmt: skip
+    verifications = [
+        vote("r6", "me", "refute"),  # judged by this node already
+        vote("r7", "alice"),  # verified by the quorum (1)
+        vote("r8", "carol", "refute"),  # refuted by the quorum
+        vote("r9", "carol"),  # its author's own vote: still open
+    ]
+    picked = claims_to_verify(results, verifications, "me", "test", "h", quorum=1)
+    assert [r["id"] for r in picked] == ["r2", "r9", "r1"]
+    assert [r["id"] for r in claims_to_verify(results, verifications, "me", "test", "h", 2)] == [
+        "r8", "r2", "r7", "r9", "r1",
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def book(tmp_path):
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
+        yield ledger
+
+
+def claim_in(book, author, parent: str, child: str, bpb: float = 1.4):
+    book.add_version(parent.encode())
+    book.add_version(child.encode())
+    fact = make_result(author, 1, sha(parent), sha(child), bpb, profile="test", harness=HARNESS)
+    book.ingest(fact.raw)
+    return {"id": fact.id, "author": author.peer_id, **fact.body}
+
+
+def scripted_run(scores: dict[str, float | None]):
+    """A runner that scores each train.py as told, without training (for verdict logic)."""
+
+    def run(script, profile, data, run_dir, seed=0):
+        source = script.read_text()
+        bpb = scores[source]
+        return RunResult(
+            outcome="ok" if bpb is not None else "crash", val_bpb=bpb, steps=1, tokens=64,
+            train_seconds=1.0, total_seconds=2.0, peak_memory_mb=None, mfu=None,
+            train_py_sha256=sha(source), harness_sha256=HARNESS, profile=profile.name, seed=seed,
+            data_sha256="d", error=None if bpb is not None else "train.py exited with code 1",
+        )  # fmt: skip
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("child_bpb", "parent_bpb", "expected"),
+    [(1.40, 1.50, "confirm"), (1.499, 1.50, "refute"), (None, 1.50, "crash")],
+)
+def test_the_verdict_comes_from_this_nodes_own_runs(
+    book, alice, bob, tmp_path, child_bpb, parent_bpb, expected
+):
+    child = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+    claimed = claim_in(book, alice, BASELINE, child, bpb=1.0)  # the claimed number is ignored
+    run = scripted_run({child: child_bpb, BASELINE: parent_bpb})
+    done = verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path, seed=9, run=run)
+    assert done.verdict == expected and done.parent_val_bpb == parent_bpb
+    body = done.fact.body
+    assert (body["result"], body["verdict"], body["seed"]) == (claimed["id"], expected, 9)
+    stored = book.rows("SELECT author, verdict FROM verifications")
+    assert stored == [{"author": bob.peer_id, "verdict": expected}]
+    assert len(book.rows("SELECT id FROM runs")) == 2  # child and parent, both recorded
+
+
+def test_an_earlier_own_score_of_the_parent_saves_its_run(book, alice, bob, tmp_path):
+    child = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+    claimed = claim_in(book, alice, BASELINE, child)
+    run = scripted_run({child: 1.45})  # the parent would raise KeyError if it ran
+    done = verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path, parent_val_bpb=1.5, run=run)
+    assert done.verdict == "confirm" and done.parent_run is None
+
+
+def test_a_node_never_verifies_its_own_claim_nor_one_it_cannot_read(book, alice, bob, tmp_path):
+    child = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+    claimed = claim_in(book, alice, BASELINE, child)
+    with pytest.raises(AgentError, match="its own claim"):
+        verify_claim(book, alice, claimed, 0.01, FAST, None, tmp_path, run=scripted_run({}))
+    missing = {**claimed, "child": "ee" * 32}
+    with pytest.raises(AgentError, match="lacks the child.*fetch it"):
+        verify_claim(book, bob, missing, 0.01, FAST, None, tmp_path, run=scripted_run({}))
+    assert book.rows("SELECT COUNT(*) AS n FROM verifications") == [{"n": 0}]
+
+
+def test_a_crashed_parent_run_publishes_no_verdict(book, alice, bob, tmp_path):
+    child = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+    claimed = claim_in(book, alice, BASELINE, child)
+    with pytest.raises(AgentError, match="own run of the parent.*crashed"):
+        verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path,
+                     run=scripted_run({child: 1.4, BASELINE: None}))  # fmt: skip
+    assert book.rows("SELECT COUNT(*) AS n FROM verifications") == [{"n": 0}]
+
+
+def test_a_real_win_is_confirmed_by_a_peer_and_becomes_verified(
+    book, alice, bob, tmp_path, test_data
+):
+    claimed = claim_in(book, alice, UNTRAINED, BASELINE, bpb=3.0)
+    assert [c["id"] for c in ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS)] == [
+        claimed["id"]
+    ]
+    assert ledger_claims_to_verify(book, alice.peer_id, "test", HARNESS) == []  # its own
+    done = verify_claim(book, bob, claimed, 0.01, FAST, test_data, tmp_path, seed=3)
+    assert done.verdict == "confirm", (done.child_run.error, done.parent_run.error)
+    assert done.child_val_bpb < done.parent_val_bpb - 0.3
+    assert done.fact.body["harness"] == HARNESS
+    results = book.rows("SELECT id, author, profile, harness FROM results")
+    verifications = book.rows("SELECT result, author, verdict, profile, harness FROM verifications")
+    assert set(consensus.verified_children(results, verifications)) == {claimed["id"]}
+    assert ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS) == []  # judged now
