@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer 0.29 vendors click
 
 from node.errors import SwarmError
 
@@ -236,13 +237,24 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
 def main() -> None:
     """Entry point of the `swarm` console script."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        console.print(exc.ctx.get_help())
+        sys.exit(0)
+    except UsageError as exc:  # a mistyped command or option: one line, not a box
+        where = f"`{exc.ctx.command_path} --help`" if exc.ctx else "`swarm --help`"
+        err_console.print(f"[bold red]error:[/] {exc.format_message()} (see {where})", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort:
+        err_console.print("interrupted")
+        sys.exit(130)
     except SwarmError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
