@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import shutil
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,7 +62,14 @@ def download(shard: Shard, folder: Path, progress: Callable[[str], None]) -> Pat
     progress(f"downloading {shard.url}")
     try:
         with urllib.request.urlopen(shard.url, timeout=120) as response, partial.open("wb") as out:
-            shutil.copyfileobj(response, out, length=1 << 20)
+            total, got, shown = int(response.headers.get("Content-Length") or 0), 0, time.monotonic()
+            while block := response.read(1 << 20):
+                out.write(block)
+                got += len(block)
+                if time.monotonic() - shown > 2:
+                    of = f" of {total / 1e6:.0f}" if total else ""
+                    progress(f"downloading {shard.url.rsplit('/', 1)[-1]}: {got / 1e6:.0f}{of} MB")
+                    shown = time.monotonic()
     except OSError as exc:
         partial.unlink(missing_ok=True)
         raise TrainerError(f"could not download {shard.url}: {exc}; check the URL and the network, then try again") from exc
