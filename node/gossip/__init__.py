@@ -1,0 +1,56 @@
+"""The gossip network: libp2p hosts that carry signed facts between nodes, with no coordinator.
+
+The face: `GossipConfig`, `run_peer(config)` (blocks; a bootstrap is a peer that trains nothing),
+`read_status(home)`, `topic_for(campaign)`, `GossipError`. Trio and libp2p stay in this package.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from node.gossip.limits import Limits
+from node.gossip.peer import STATUS_FILE, GossipConfig, GossipError, GossipNode, topic_for
+
+__all__ = ["GossipConfig", "GossipError", "Limits", "read_status", "run_peer", "topic_for"]
+
+
+def run_peer(config: GossipConfig, on_ready: Callable[[list[str]], None] | None = None) -> None:
+    """Run a gossiping node until interrupted: listen, find peers, sync, relay facts.
+
+    `on_ready` gets the node's full multiaddrs (with /p2p/<peer id>) once it listens."""
+    import trio
+
+    from node.identity import load_identity
+    from node.ledger import Ledger, ledger_path
+
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # we count and report what matters
+    identity = load_identity(config.home)
+    with Ledger(ledger_path(config.home), campaign=config.campaign) as ledger:
+        node = GossipNode(config, identity, ledger)
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(node.run)
+                await node.printed.wait()
+                (on_ready or _print_addrs)(node.addrs)
+
+        trio.run(main)
+
+
+def _print_addrs(addrs: list[str]) -> None:
+    for addr in addrs:
+        print(addr, flush=True)
+    sys.stdout.flush()
+
+
+def read_status(home: Path) -> dict:
+    """What a running node last wrote about itself (peers, counts); GossipError if none."""
+    path = Path(home) / STATUS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise GossipError(f"no gossip status in {home}: is `swarm peer --home {home}` running?") from None

@@ -1,0 +1,138 @@
+"""What a node allows its peers: how many, how fast, how much, and the book of peers it knows.
+
+Pure bookkeeping, no I/O: addresses learned, dial backoff, per-peer token buckets, penalty
+points and bans. Every table here is bounded, so a hostile swarm cannot grow our memory.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Limits:
+    target_peers: int = 8  # dial known peers while fewer than this are connected
+    max_peers: int = 32  # connections above this are closed
+    max_known: int = 1000  # peers remembered in the book
+    max_addrs: int = 8  # addresses remembered per peer
+    rate: float = 20.0  # gossip messages a second from one origin (a fact is an experiment)
+    burst: float = 200.0  # and the burst above that rate
+    invalid_penalty: float = 1.0  # a message that is not a valid fact of our campaign
+    flood_penalty: float = 0.2  # a message over the rate
+    junk_penalty: float = 20.0  # a frame that is not pubsub: Noise rules out corruption in transit
+    ban_score: float = 20.0  # penalty points that get a peer banned
+    penalty_half_life: float = 600.0  # seconds for penalty points to halve
+    ban_seconds: float = 3600.0
+    max_rpc_bytes: int = 512 << 10  # one pubsub frame; a fact is a few KB (heads up to 256 KB)
+    max_wanted: int = 1000  # versions waiting to be fetched
+    max_sync_facts: int = 5000  # facts sent in one sync exchange (the next one continues)
+    max_sync_bytes: int = 16 << 20
+    sync_seconds: float = 30.0
+    resync_every: float = 30.0  # anti-entropy with a random peer, for partitions that healed
+    max_blob: int = 8 << 20  # a version or diff fetched by hash
+
+
+@dataclass
+class _Peer:
+    addrs: list[str] = field(default_factory=list)
+    bootstrap: bool = False
+    next_dial: float = 0.0
+    backoff: float = 1.0
+    points: float = 0.0
+    points_at: float = 0.0
+    banned_until: float = 0.0
+    tokens: float = 0.0
+    tokens_at: float = 0.0
+
+
+class PeerBook:
+    """Known peers (id -> addresses), dial backoff, rate buckets and penalties."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._peers: dict[str, _Peer] = {}
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def _get(self, peer: str) -> _Peer:
+        entry = self._peers.get(peer)
+        if entry is None:
+            if len(self._peers) >= self.limits.max_known:
+                self._evict()
+            entry = self._peers[peer] = _Peer(tokens=self.limits.burst, tokens_at=time.monotonic())
+        return entry
+
+    def _evict(self) -> None:
+        # Forget one peer we know nothing good about: never a bootstrap or a banned one.
+        for peer, entry in self._peers.items():
+            if not entry.bootstrap and entry.banned_until < time.monotonic():
+                del self._peers[peer]
+                return
+
+    def add(self, peer: str, addrs: list[str], bootstrap: bool = False) -> None:
+        entry = self._get(peer)
+        entry.bootstrap = entry.bootstrap or bootstrap
+        for addr in addrs:
+            if addr not in entry.addrs:
+                entry.addrs.insert(0, addr)
+        del entry.addrs[self.limits.max_addrs :]
+
+    def addrs(self, peer: str) -> list[str]:
+        entry = self._peers.get(peer)
+        return list(entry.addrs) if entry else []
+
+    def entries(self, peers: set[str]) -> list[tuple[str, list[str]]]:
+        return [(p, list(self._peers[p].addrs)) for p in peers if p in self._peers and self._peers[p].addrs]
+
+    def candidates(self, skip: set[str]) -> list[str]:
+        """Peers worth dialing now: known addresses, not connected, not banned, backoff over."""
+        now = time.monotonic()
+        out = [p for p, e in self._peers.items() if p not in skip and e.addrs
+               and e.next_dial <= now and e.banned_until <= now]  # fmt: skip
+        random.shuffle(out)
+        return out
+
+    def dialed(self, peer: str, ok: bool) -> None:
+        entry = self._get(peer)
+        if ok:
+            entry.backoff = 1.0
+            entry.next_dial = 0.0
+        else:
+            entry.next_dial = time.monotonic() + entry.backoff * random.uniform(0.8, 1.2)
+            entry.backoff = min(entry.backoff * 2, 60.0)
+
+    def allow_message(self, peer: str) -> bool:
+        """Token bucket per origin peer: `rate` a second, `burst` at once."""
+        entry, now = self._get(peer), time.monotonic()
+        entry.tokens = min(self.limits.burst, entry.tokens + (now - entry.tokens_at) * self.limits.rate)
+        entry.tokens_at = now
+        if entry.tokens < 1:
+            return False
+        entry.tokens -= 1
+        return True
+
+    def penalise(self, peer: str, points: float) -> bool:
+        """Add penalty points (they decay); True when this pushes the peer into a ban."""
+        entry, now = self._get(peer), time.monotonic()
+        if entry.banned_until > now:
+            return False
+        if now - entry.points_at >= 60:  # decay once a minute, so that a burst adds up exactly
+            entry.points *= 0.5 ** ((now - entry.points_at) / self.limits.penalty_half_life)
+            entry.points_at = now
+        entry.points += points
+        if entry.points >= self.limits.ban_score:
+            entry.banned_until = now + self.limits.ban_seconds
+            entry.points = 0.0
+            return True
+        return False
+
+    def is_banned(self, peer: str) -> bool:
+        entry = self._peers.get(peer)
+        return entry is not None and entry.banned_until > time.monotonic()
+
+    def banned(self) -> list[str]:
+        now = time.monotonic()
+        return sorted(p for p, e in self._peers.items() if e.banned_until > now)

@@ -1,0 +1,375 @@
+"""One gossiping node: a libp2p host, GossipSub on the campaign's topic, and our own protocols.
+
+Every message from a peer passes `wire.decode` and the ledger before it is accepted or forwarded;
+peers that send invalid facts, junk frames or floods are penalised, then banned. A crash of the
+host restarts it with the same key, ledger and address book. Trio stays inside this package.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+
+from node import wire
+from node.errors import SwarmError
+from node.gossip import protocols
+from node.gossip.limits import Limits, PeerBook
+from node.identity import Identity
+from node.ledger import Ledger
+
+log = logging.getLogger("swarm.gossip")
+STATUS_FILE = "gossip.json"  # inside the node's home: what `swarm peers` shows
+
+
+class GossipError(SwarmError):
+    """A gossip setting that cannot work: a bad multiaddr, a port in use, a missing campaign."""
+
+
+def topic_for(campaign: str) -> str:
+    """The GossipSub topic that carries one campaign's facts."""
+    return f"/research-swarm/{campaign}/facts/1"
+
+
+def parse_multiaddr(text: str, need_peer_id: bool = False) -> multiaddr.Multiaddr:
+    try:
+        addr = multiaddr.Multiaddr(text)
+    except Exception as exc:
+        raise GossipError(f"{text!r} is not a multiaddr ({exc}); e.g. /ip4/127.0.0.1/tcp/4001") from None
+    if need_peer_id and "/p2p/" not in text:
+        raise GossipError(f"{text!r} lacks /p2p/<peer id>: copy the full address the peer printed")
+    return addr
+
+
+@dataclass
+class GossipConfig:
+    """What a node needs to gossip: where to listen, whom to ask first, which campaign."""
+
+    home: Path
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    bootstrap: list[str] = field(default_factory=list)
+    campaign: str | None = None  # None: discovery and sync only (a bare bootstrap)
+    publish_every: float = 0.0  # seconds between synthetic results (tests, benchmarks); 0: never
+    publish_count: int = 0  # stop after this many synthetic results; 0: no limit
+    limits: Limits = field(default_factory=Limits)
+
+
+class GuardedPubsub(Pubsub):
+    """Pubsub that survives junk: a frame it cannot parse costs the sender, not the node."""
+
+    on_junk: Any = None
+
+    async def stream_handler(self, stream: Any) -> None:
+        peer_id = stream.muxed_conn.peer_id
+        try:
+            await super().stream_handler(stream)
+        except Exception as exc:  # DecodeError on junk killed unguarded 0.8.1 nodes
+            if self.on_junk is not None:
+                self.on_junk(peer_id, exc)
+            try:
+                await stream.reset()
+            except Exception:
+                pass
+            self._handle_dead_peer(peer_id)
+
+    async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except Exception as exc:  # maybe a library bug on an odd but signed message: no ban
+            if self.on_junk is not None:
+                self.on_junk(msg_forwarder, exc, serious=False)
+
+
+def synthetic_result(seq: int) -> tuple[dict, bytes]:
+    """A result fact body and the train.py it names, for tests and benchmarks (no training)."""
+    source = f"# synthetic train.py {os.urandom(8).hex()} {seq}\n".encode()
+    child = wire.content_ref(source)[0]
+    body = wire.result_body(
+        parent="0" * 64, child=child, diff=source, description=f"synthetic result {seq}",
+        profile="test", harness="1" * 64, seed=seq, outcome="discard",
+        metrics={"val_bpb": 1.0 + random.random() / 100, "steps": 1, "tokens": 1},
+    )  # fmt: skip
+    return body, source
+
+
+def _origin(msg: Any) -> str:
+    try:
+        return ID(msg.from_id).to_base58()
+    except Exception:
+        return "?"
+
+
+class GossipNode:
+    """The node's side of the swarm; `run()` blocks (inside trio) until cancelled."""
+
+    def __init__(self, config: GossipConfig, identity: Identity, ledger: Ledger) -> None:
+        self.config = config
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.ledger = ledger
+        self.limits = config.limits
+        self.book = PeerBook(config.limits)
+        for text in config.bootstrap:
+            info = info_from_p2p_addr(parse_multiaddr(text, need_peer_id=True))
+            self.book.add(info.peer_id.to_base58(), [str(a) for a in info.addrs], bootstrap=True)
+        self.listen = parse_multiaddr(config.listen)
+        self.topic = topic_for(config.campaign) if config.campaign else None
+        self.counts = dict.fromkeys(("accepted", "rejected", "published", "synced", "fetched",
+                                     "rate_limited", "junk", "restarts", "dials_failed"), 0)  # fmt: skip
+        self.addrs: list[str] = []
+        self.host: Any = None
+        self.pubsub: Any = None
+        self.started = time.monotonic()
+        self.first_peer_s: float | None = None
+        self._synced: set[str] = set()
+        self._dialing: set[str] = set()
+        self._wanted: dict[str, tuple[list[str], int]] = {}  # sha256 -> (peers to ask, tries)
+        self._gossiped_seq = ledger.next_seq(identity.public_key) - 1
+        self._published = 0
+        self.printed = trio.Event()
+
+    # -------------------------------------------------------- supervision
+
+    async def run(self) -> None:
+        """Run the host; if it dies, start it again with the same state, after a backoff."""
+        backoff = 1.0
+        while True:
+            began = time.monotonic()
+            try:
+                await self._run_host()
+                return
+            except (GossipError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                if not self.addrs:  # never came up: a bad address or a port in use
+                    raise GossipError(f"cannot listen on {self.config.listen}: {exc}") from None
+                self.counts["restarts"] += 1
+                log.warning("gossip host failed (%s: %s); restarting", type(exc).__name__, exc)
+            backoff = 1.0 if time.monotonic() - began > 60 else min(backoff * 2, 30.0)
+            await trio.sleep(backoff)
+
+    async def _run_host(self) -> None:
+        host = new_host(key_pair=create_new_key_pair(self.identity.seed), muxer_preference="YAMUX",
+                        listen_addrs=[self.listen])  # fmt: skip
+        router = GossipSub(
+            protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
+            heartbeat_interval=1, adaptive_gossip_enabled=False, spam_protection_enabled=False,
+            max_messages_per_topic_per_second=10_000.0,  # we rate-limit per peer ourselves
+        )  # fmt: skip
+        pubsub = GuardedPubsub(host, router, strict_signing=True, cache_size=1024,
+                               max_inbound_rpc_size=self.limits.max_rpc_bytes)  # fmt: skip
+        pubsub.on_junk = self._on_junk
+        self.host, self.pubsub = host, pubsub
+        async with host.run(listen_addrs=[self.listen]), trio.open_nursery() as nursery:
+            async with background_trio_service(pubsub), background_trio_service(router):
+                await pubsub.wait_until_ready()
+                self.addrs = [f"{a}" if "/p2p/" in str(a) else f"{a}/p2p/{self.peer_id}"
+                              for a in host.get_addrs()]  # fmt: skip
+                protocols.install(self, host)
+                if self.topic:
+                    pubsub.set_topic_validator(self.topic, self._validate, False)
+                    subscription = await pubsub.subscribe(self.topic)
+                    nursery.start_soon(self._drain, subscription)
+                self.printed.set()
+                nursery.start_soon(self._maintain)
+                nursery.start_soon(self._status_loop)
+                nursery.start_soon(self._fetch_loop)
+                if self.topic:
+                    nursery.start_soon(self._own_facts_loop)
+                    if self.config.publish_every > 0:
+                        nursery.start_soon(self._synthetic_loop)
+                await trio.sleep_forever()
+
+    # -------------------------------------------------------- accepting facts
+
+    def _validate(self, forwarder: ID, msg: Any) -> bool:
+        """GossipSub's validator: only a fact the ledger accepts is delivered or forwarded."""
+        peer = forwarder.to_base58()
+        if peer == self.peer_id:
+            return True  # our own, already in the ledger
+        if self.book.is_banned(peer):
+            return False
+        origin = _origin(msg)
+        if not self.book.allow_message(origin):
+            # Drop the flood at every hop; blame only its source, not honest relays.
+            self.counts["rate_limited"] += 1
+            if origin == peer:
+                self._penalise(peer, self.limits.flood_penalty, "flood")
+            return False
+        try:
+            result = self.ledger.ingest(bytes(msg.data), from_peer=peer)
+        except Exception as exc:  # a busy or broken ledger is our problem, not the peer's
+            log.warning("ledger refused a write: %s", exc)
+            return False
+        if isinstance(result, wire.Rejection):
+            self.counts["rejected"] += 1
+            self._penalise(peer, self.limits.invalid_penalty, result.reason.value)
+            return False
+        self.counts["accepted"] += 1
+        self._want_content(result, peer)
+        return True
+
+    def _want_content(self, fact: wire.Fact, peer: str) -> None:
+        if fact.kind != "result" or len(self._wanted) >= self.limits.max_wanted:
+            return
+        child = fact.body["child"]
+        if child not in self._wanted and self.ledger.version(child) is None:
+            self._wanted[child] = ([peer, fact.peer_id], 0)  # who sent it, then who made it
+
+    async def _drain(self, subscription: Any) -> None:
+        while True:  # delivered messages are in the ledger already (validator); empty the queue
+            await subscription.get()
+
+    def _on_junk(self, peer_id: ID, exc: Exception, serious: bool = True) -> None:
+        self.counts["junk"] += 1
+        log.info("junk from %s: %s", peer_id, type(exc).__name__)
+        points = self.limits.junk_penalty if serious else self.limits.invalid_penalty
+        self._penalise(peer_id.to_base58(), points, "junk")
+
+    def _penalise(self, peer: str, points: float, why: str) -> None:
+        if self.book.penalise(peer, points):
+            log.warning("banning %s (%s)", peer, why)
+            try:
+                self.pubsub.add_to_blacklist(ID.from_base58(peer))
+            except Exception:
+                pass
+
+    # -------------------------------------------------------- publishing our own facts
+
+    async def _own_facts_loop(self) -> None:
+        while True:
+            await self.gossip_own_facts()
+            await trio.sleep(0.1)
+
+    async def gossip_own_facts(self) -> None:
+        """Gossip this node's facts that entered the ledger since the last call (any writer)."""
+        rows = self.ledger.rows(
+            "SELECT seq, raw FROM facts WHERE author = ? AND seq > ? ORDER BY seq LIMIT 256",
+            (self.peer_id, self._gossiped_seq),
+        )
+        for row in rows:
+            try:
+                await self.pubsub.publish(self.topic, row["raw"])
+                self.counts["published"] += 1
+            except Exception as exc:
+                log.warning("publish failed: %s", exc)
+            self._gossiped_seq = row["seq"]
+
+    async def _synthetic_loop(self) -> None:
+        while not self.host.get_connected_peers():
+            await trio.sleep(0.1)
+        await trio.sleep(self.config.publish_every)
+        while not self.config.publish_count or self._published < self.config.publish_count:
+            body, source = synthetic_result(self._published + 1)
+            self.ledger.add_version(source)
+            self.ledger.publish(self.identity, "result", body)
+            self._published += 1
+            await self.gossip_own_facts()
+            await trio.sleep(self.config.publish_every)
+
+    # -------------------------------------------------------- peers: dial, sync, exchange
+
+    async def _maintain(self) -> None:
+        last_px = last_resync = 0.0
+        async with trio.open_nursery() as nursery:
+            while True:
+                now = time.monotonic()
+                connected = {p.to_base58() for p in self.host.get_connected_peers()}
+                if connected and self.first_peer_s is None:
+                    self.first_peer_s = now - self.started
+                for peer in connected:
+                    if self.book.is_banned(peer) or len(connected) > self.limits.max_peers:
+                        nursery.start_soon(self._disconnect, peer)
+                        connected.discard(peer)
+                        break
+                for peer in connected - self._synced:
+                    self._synced.add(peer)
+                    nursery.start_soon(protocols.sync_with, self, peer)
+                self._synced &= connected
+                if len(connected) < self.limits.target_peers:
+                    for peer in self.book.candidates(connected | self._dialing | {self.peer_id}):
+                        if len(self._dialing) >= 4:
+                            break
+                        self._dialing.add(peer)
+                        nursery.start_soon(self._dial, peer)
+                px_every = 1.0 if now - self.started < 30 else 10.0
+                if connected and now - last_px > px_every:
+                    last_px = now
+                    nursery.start_soon(protocols.exchange_peers, self, random.choice(sorted(connected)))
+                if connected and now - last_resync > self.limits.resync_every:
+                    last_resync = now
+                    nursery.start_soon(protocols.sync_with, self, random.choice(sorted(connected)))
+                await trio.sleep(0.25)
+
+    async def _dial(self, peer: str) -> None:
+        try:
+            addrs = [multiaddr.Multiaddr(a) for a in self.book.addrs(peer)]
+            with trio.fail_after(5):
+                await self.host.connect(PeerInfo(ID.from_base58(peer), addrs))
+            self.book.dialed(peer, ok=True)
+        except Exception:
+            self.counts["dials_failed"] += 1
+            self.book.dialed(peer, ok=False)
+        finally:
+            self._dialing.discard(peer)
+
+    async def _disconnect(self, peer: str) -> None:
+        try:
+            with trio.move_on_after(5):
+                await self.host.disconnect(ID.from_base58(peer))
+        except Exception:
+            pass
+
+    async def _fetch_loop(self) -> None:
+        while True:
+            await trio.sleep(0.5)
+            connected = sorted(p.to_base58() for p in self.host.get_connected_peers())
+            for sha256, (peers, tries) in list(self._wanted.items())[:8]:
+                # The sender may still be fetching it itself: ask the author, then anyone.
+                peer = peers[tries] if tries < len(peers) else random.choice(connected or peers)
+                data = None
+                if peer in connected:
+                    data = await protocols.fetch(self, peer, "version", sha256)
+                if data is not None:
+                    self.ledger.add_version(data, sha256)
+                    self.counts["fetched"] += 1
+                    self._wanted.pop(sha256, None)
+                elif tries + 1 >= 12:
+                    self._wanted.pop(sha256, None)
+                else:
+                    self._wanted[sha256] = (peers, tries + 1)
+
+    # -------------------------------------------------------- status
+
+    def status(self) -> dict:
+        connected = sorted(p.to_base58() for p in self.host.get_connected_peers()) if self.host else []
+        facts = self.ledger.rows("SELECT COUNT(*) AS n FROM facts")[0]["n"]
+        return {
+            "peer_id": self.peer_id, "addrs": self.addrs, "campaign": self.config.campaign,
+            "topic": self.topic, "pid": os.getpid(), "time": time.time(),
+            "connected": connected, "known": len(self.book), "banned": self.book.banned(),
+            "facts": facts, "first_peer_s": self.first_peer_s, "counts": dict(self.counts),
+        }  # fmt: skip
+
+    async def _status_loop(self) -> None:
+        path = Path(self.config.home) / STATUS_FILE
+        while True:
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(self.status()))
+            os.replace(tmp, path)
+            await trio.sleep(1.0)

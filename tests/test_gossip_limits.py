@@ -1,0 +1,49 @@
+"""The gossip layer's own limits, without a network: rate buckets, penalties, bans, backoff, frames."""
+
+from __future__ import annotations
+
+import pytest
+
+from node.gossip.frames import FrameError, pack, unpack
+from node.gossip.limits import Limits, PeerBook
+
+
+def test_a_peer_over_its_rate_is_refused_after_the_burst() -> None:
+    book = PeerBook(Limits(rate=1.0, burst=5.0))
+    allowed = [book.allow_message("flooder") for _ in range(20)]
+    assert allowed[:5] == [True] * 5 and not any(allowed[6:])
+    assert book.allow_message("someone-else")
+
+
+def test_penalty_points_lead_to_a_ban_that_is_reported() -> None:
+    book = PeerBook(Limits(ban_score=3.0))
+    assert not book.penalise("bad", 1.0) and not book.penalise("bad", 1.0)
+    assert book.penalise("bad", 1.0)
+    assert book.is_banned("bad") and book.banned() == ["bad"]
+    assert "bad" not in book.candidates(set())
+
+
+def test_failed_dials_back_off_and_a_success_resets_the_backoff() -> None:
+    book = PeerBook(Limits())
+    book.add("p", ["/ip4/127.0.0.1/tcp/1"])
+    assert book.candidates(set()) == ["p"]
+    book.dialed("p", ok=False)
+    assert book.candidates(set()) == []
+    book.dialed("p", ok=True)
+    assert book.candidates(set()) == ["p"]
+
+
+def test_the_peer_book_stays_bounded_and_keeps_bootstraps() -> None:
+    book = PeerBook(Limits(max_known=10, max_addrs=2))
+    book.add("boot", ["/ip4/127.0.0.1/tcp/1"], bootstrap=True)
+    for i in range(100):
+        book.add(f"p{i}", [f"/ip4/127.0.0.1/tcp/{i}" for _ in range(5)] + ["/ip4/127.0.0.1/tcp/9"])
+    assert len(book) <= 10 and book.addrs("boot")
+    assert all(len(book.addrs(f"p{i}")) <= 2 for i in range(100))
+
+
+@pytest.mark.parametrize("junk", [b"\xc1", b"\x92\x01", b"\xdb\xff\xff\xff\xff"])
+def test_a_frame_that_is_not_msgpack_is_a_frame_error(junk: bytes) -> None:
+    with pytest.raises(FrameError):
+        unpack(junk)
+    assert unpack(pack({"authors": {b"k" * 32: 3}})) == {"authors": {b"k" * 32: 3}}
