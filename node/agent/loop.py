@@ -52,6 +52,7 @@ def research_step(
     ledger: Ledger, me: Identity, proposer: Proposer, head: Head, margin: float, profile: Profile,
     data: TokenData, work_dir: Path, *, program: str = "", seed: int = 0,
     check: Check | None = None, on_event: Callable[[dict], None] = lambda _: None,
+    run: Callable[..., RunResult] = run_experiment,
 ) -> Step:  # fmt: skip
     """Propose a change of `head`, check it, run it, keep it only when it beats the head's own
     score by more than `margin`, and publish a signed result of the run."""
@@ -72,15 +73,15 @@ def research_step(
         return Step("refused", head, reason=str(exc))
     child = ledger.add_version(proposal.source.encode())
     started = int(time.time() * 1000)
-    run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}"
+    run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     script = run_dir.with_suffix(".py")
     script.write_text(proposal.source)
-    run = run_experiment(script, profile, data, run_dir, seed=seed, on_event=on_event)
-    score = run.val_bpb if run.outcome == "ok" else None
+    result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
+    score = result.val_bpb if result.outcome == "ok" else None
     outcome = consensus.keep_or_discard(score, head.val_bpb, margin)
     body = wire.result_body_from_run(
-        run.as_dict(), parent=head.sha256, diff=diff.encode(), description=proposal.description,
+        result.as_dict(), parent=head.sha256, diff=diff.encode(), description=proposal.description,
         keep=outcome == "keep",
     )  # fmt: skip
     fact = ledger.publish(me, "result", body)
@@ -90,4 +91,4 @@ def research_step(
         description=proposal.description, log_path=str(run_dir / "log.txt"), fact_id=fact.id,
     )  # fmt: skip
     new_head = Head(proposal.source, score) if outcome == "keep" and score is not None else head
-    return Step(outcome, new_head, proposal.description, run.error or "", run, fact)
+    return Step(outcome, new_head, proposal.description, result.error or "", result, fact)

@@ -1,0 +1,209 @@
+"""The research loop of one node: measure its own noise, then step after step adopt the swarm's
+best verified head, verify a share of other peers' claims, and otherwise research from the head.
+
+Its state lives in the ledger (runs, facts, versions), so a restarted node resumes where it
+stopped. It never talks to the network: `publish` hands each signed fact to the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from node import wire
+from node.agent import adoption
+from node.agent.errors import AgentError
+from node.agent.loop import Check, Head, Step, research_step
+from node.agent.proposers import Proposer
+from node.agent.verifier import Verified, ledger_claims_to_verify, verify_claim
+from node.consensus import noise_margin
+from node.identity import Identity
+from node.ledger import Ledger
+from node.trainer import Profile, RunResult, TokenData, harness_sha256, run_experiment
+
+
+class Researcher:
+    """One research worker on one profile. `verify_every`: every n-th step verifies a peer's
+    claim when one is open (0: never). `noise_runs`: baseline runs behind the noise margin."""
+
+    def __init__(
+        self, ledger: Ledger, me: Identity, proposer: Proposer, profile: Profile,
+        data: TokenData, work_dir: Path, baseline_source: str, *, quorum: int = 1,
+        program: str = "", verify_every: int = 4, noise_runs: int = 2, seed: int = 0,
+        check: Check | None = None, publish: Callable[[wire.Fact], None] = lambda _: None,
+        run: Callable[..., RunResult] = run_experiment, status_path: Path | None = None,
+    ) -> None:  # fmt: skip
+        self.ledger, self.me, self.profile, self.data = ledger, me, profile, data
+        self.work_dir, self.quorum, self.program = Path(work_dir), quorum, program
+        self.verify_every, self.noise_runs, self.seed = verify_every, noise_runs, seed
+        self.check, self.publish, self.run, self.status_path = check, publish, run, status_path
+        self.proposer = adoption.QueuedProposer(proposer)
+        self.baseline_source = baseline_source
+        self.baseline = ledger.add_version(baseline_source.encode())
+        self.harness = harness_sha256()
+        self.margin: float | None = None
+        self.head: Head | None = None
+        self.adopted: str | None = None  # the last consensus head this node adopted
+        self.steps = 0
+        self.doing = "starting"
+        self.progress: float | None = None
+
+    # ------------------------------------------------------------ own measurements
+
+    def own_scores(self, version: str) -> list[float]:
+        """This node's scores of a train.py on the profile, from its recorded runs."""
+        rows = self.ledger.rows(
+            "SELECT val_bpb FROM runs WHERE child = ? AND profile = ? AND val_bpb IS NOT NULL",
+            (version, self.profile.name),
+        )
+        return [r["val_bpb"] for r in rows]
+
+    def _next_seed(self) -> int:
+        done = self.ledger.rows("SELECT COUNT(*) AS n FROM runs")[0]["n"]
+        return self.seed * 1_000_003 + done
+
+    def _measure(self, source: str, why: str) -> float | None:
+        """Run `source` once with a fresh seed and record the run; its val_bpb, None on a crash."""
+        seed = self._next_seed()
+        version = self.ledger.add_version(source.encode())
+        self._set(f"{why}: running {version[:12]} (seed {seed})")
+        run_dir = self.work_dir / f"{why}-{version[:12]}-s{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        script = run_dir.with_suffix(".py")
+        script.write_text(source)
+        result = self.run(script, self.profile, self.data, run_dir, seed=seed, on_event=self._event)
+        self.ledger.record_run(
+            profile=self.profile.name, parent=version, child=version, outcome=result.outcome,
+            val_bpb=result.val_bpb, description=why, log_path=str(run_dir / "log.txt"),
+        )  # fmt: skip
+        return result.val_bpb if result.outcome == "ok" else None
+
+    def score(self, source: str) -> float:
+        """This node's own score of `source`: the mean of its runs, measured now if it has none."""
+        version = self.ledger.add_version(source.encode())
+        scores = self.own_scores(version) or [self._measure(source, "score")]
+        if scores[0] is None:
+            raise AgentError(f"train.py {version[:12]} crashed on this node: it cannot build on it")
+        return statistics.fmean(scores)
+
+    # ------------------------------------------------------------ the loop
+
+    def start(self) -> None:
+        """Measure the noise margin (resumed from earlier runs) and take the head to build on."""
+        while len(self.own_scores(self.baseline)) < self.noise_runs:
+            if self._measure(self.baseline_source, "noise") is None:
+                raise AgentError(
+                    "the baseline train.py crashed on this node: check `swarm run` on this "
+                    "profile before joining"
+                )
+        self.margin = noise_margin(self.own_scores(self.baseline))
+        self._adopt()
+        assert self.head is not None  # _adopt always leaves a head
+        # Resume the node's own kept chain on top of the adopted head, if it has one.
+        seen = {self.head.sha256}
+        while True:
+            rows = self.ledger.rows(
+                "SELECT child FROM runs WHERE parent = ? AND profile = ? AND outcome = 'keep' "
+                "ORDER BY id DESC LIMIT 1",
+                (self.head.sha256, self.profile.name),
+            )
+            source = self.ledger.version(rows[0]["child"]) if rows else None
+            if source is None or rows[0]["child"] in seen:
+                break
+            seen.add(rows[0]["child"])
+            self.head = Head(source.decode(), self.score(source.decode()))
+        self._set("ready")
+
+    def _adopt(self) -> None:
+        best = adoption.best_head(
+            self.ledger, self.profile.name, self.baseline, self.quorum, self.harness
+        )
+        if best == self.adopted:
+            return
+        source = self.ledger.version(best)
+        if source is None:  # the gossip layer fetches versions by hash; until then, keep going
+            if self.head is None:
+                self.head = Head(self.baseline_source, self.score(self.baseline_source))
+            return
+        self.adopted = best
+        if self.head is None or self.head.sha256 != best:
+            self.head = Head(source.decode(), self.score(source.decode()))
+        merges = adoption.merge_proposals(
+            self.ledger, best, self.profile.name, self.quorum, self.harness
+        )
+        self.proposer.queue_for(self.head.source, merges)
+
+    def step(self) -> Step | Verified:
+        """One experiment: a verification of a peer's claim (every `verify_every`-th step, when
+        one is open), else a research step from the head. Publishes what it signed."""
+        if self.margin is None:
+            self.start()
+        assert self.head is not None and self.margin is not None
+        self._adopt()
+        self.steps += 1
+        if self.verify_every and self.steps % self.verify_every == 0:
+            verified = self._verify_one()
+            if verified is not None:
+                return verified
+        self._set(f"research from {self.head.sha256[:12]}")
+        step = research_step(
+            self.ledger, self.me, self.proposer, self.head, self.margin, self.profile, self.data,
+            self.work_dir, program=self.program, seed=self._next_seed(), check=self.check,
+            on_event=self._event, run=self.run,
+        )  # fmt: skip
+        if step.fact is not None:
+            self.publish(step.fact)
+        self.head = step.head
+        self._set(f"{step.outcome}: {step.description or step.reason}"[:200])
+        return step
+
+    def _verify_one(self) -> Verified | None:
+        claims = ledger_claims_to_verify(
+            self.ledger, self.me.peer_id, self.profile.name, self.harness, self.quorum, limit=3
+        )
+        for claim in claims:
+            parent_scores = self.own_scores(claim["parent"])
+            self._set(f"verify {claim['id'][:12]} by {claim['author'][-6:]}")
+            try:
+                verified = verify_claim(
+                    self.ledger, self.me, claim, self.margin, self.profile, self.data,
+                    self.work_dir, seed=self._next_seed(),
+                    parent_val_bpb=statistics.fmean(parent_scores) if parent_scores else None,
+                    check=self.check, run=self.run,
+                )  # fmt: skip
+            except AgentError as exc:
+                self._set(f"cannot verify {claim['id'][:12]}: {exc}"[:200])
+                continue
+            self.publish(verified.fact)
+            return verified
+        return None
+
+    # ------------------------------------------------------------ status
+
+    def status(self) -> dict:
+        """What this worker is doing now, for `swarm status`."""
+        return {
+            "doing": self.doing, "progress": self.progress, "profile": self.profile.name,
+            "head": self.head.sha256 if self.head else None,
+            "head_val_bpb": self.head.val_bpb if self.head else None,
+            "adopted": self.adopted, "margin": self.margin, "steps": self.steps,
+        }  # fmt: skip
+
+    def _set(self, doing: str) -> None:
+        self.doing, self.progress = doing, None
+        self._write_status()
+
+    def _event(self, event: dict) -> None:
+        if event.get("event") == "progress" and isinstance(event.get("progress"), (int, float)):
+            self.progress = float(event["progress"])
+            self._write_status()
+
+    def _write_status(self) -> None:
+        if self.status_path is None:
+            return
+        self.status_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.status_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.status()))
+        tmp.replace(self.status_path)

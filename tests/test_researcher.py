@@ -1,0 +1,185 @@
+"""The research loop: noise first, then research, verification of peers, adoption and resume.
+
+Runs are scripted (a known landscape, no training) so that the loop's decisions are exact; the
+real runner is exercised by test_loop.py and test_verifier.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from conftest import CAMPAIGN
+
+from node import wire
+from node.agent.loop import Step
+from node.agent.proposers import Context, Proposal
+from node.agent.researcher import Researcher
+from node.agent.verifier import Verified
+from node.ledger import Ledger
+from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile, harness_sha256
+
+BASELINE = BASELINE_TRAIN_PY.read_text()
+NARROW = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+FOUR_STEPS = BASELINE.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
+BOTH = NARROW.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
+SOFTCAP = BASELINE.replace("LOGIT_SOFTCAP = 15.0 ", "LOGIT_SOFTCAP = 30.0 ")
+PROFILE = get_profile("test")
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Landscape:
+    """Scores train.py by what it contains, plus a little seed noise; counts every run."""
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+
+    def __call__(self, script, profile, data, run_dir, seed=0, on_event=lambda _: None):
+        source = script.read_text()
+        self.runs.append(source)
+        on_event({"event": "progress", "progress": 0.5})
+        bpb = 1.5 + 0.0004 * (seed % 3)
+        bpb -= 0.05 * ("MLP_RATIO = 3 " in source) + 0.03 * ("steps=4" in source)
+        bpb += 0.02 * ("LOGIT_SOFTCAP = 30.0 " in source)
+        return RunResult(
+            outcome="ok", val_bpb=bpb, steps=10, tokens=640, train_seconds=1.0,
+            total_seconds=2.0, peak_memory_mb=None, mfu=None, train_py_sha256=sha(source),
+            harness_sha256=harness_sha256(), profile=profile.name, seed=seed, data_sha256="d",
+        )  # fmt: skip
+
+
+class Scripted:
+    def __init__(self, *sources: str) -> None:
+        self.sources = list(sources)
+
+    def propose(self, context: Context) -> Proposal:
+        return Proposal(f"try {len(self.sources)}", self.sources.pop(0))
+
+
+@pytest.fixture
+def book(tmp_path):
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
+        yield ledger
+
+
+def researcher(book, me, tmp_path, proposer, landscape, **kwargs) -> Researcher:
+    published: list[wire.Fact] = []
+    worker = Researcher(
+        book, me, proposer, PROFILE, None, tmp_path / "runs", BASELINE, run=landscape,
+        publish=published.append, status_path=tmp_path / "status.json", **kwargs,
+    )  # fmt: skip
+    worker.published = published
+    return worker
+
+
+def test_the_noise_margin_comes_first_and_a_restart_does_not_measure_it_again(
+    book, alice, tmp_path
+):
+    landscape = Landscape()
+    first = researcher(book, alice, tmp_path, Scripted(), landscape, noise_runs=3)
+    first.start()
+    assert landscape.runs == [BASELINE] * 3
+    assert first.margin == pytest.approx(0.001)  # 2 x stdev(1.5, 1.5004, 1.5008) under the floor
+    assert first.head.sha256 == sha(BASELINE) and first.head.val_bpb == pytest.approx(1.5004)
+    again = researcher(book, alice, tmp_path, Scripted(), landscape, noise_runs=3)
+    again.start()
+    assert len(landscape.runs) == 3 and again.margin == first.margin
+
+
+def test_a_win_moves_the_head_a_loss_does_not_and_every_run_is_published(book, alice, tmp_path):
+    landscape = Landscape()
+    proposer = Scripted(NARROW, NARROW + "# only a comment\n")
+    worker = researcher(book, alice, tmp_path, proposer, landscape, verify_every=0)
+    win = worker.step()
+    assert isinstance(win, Step) and win.outcome == "keep" and worker.head.sha256 == sha(NARROW)
+    same = worker.step()  # a comment: no gain past the margin
+    assert same.outcome == "discard" and worker.head.sha256 == sha(NARROW)
+    assert [f.body["outcome"] for f in worker.published] == ["keep", "discard"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert (
+        status["head"] == sha(NARROW)
+        and status["steps"] == 2
+        and status["doing"].startswith("discard")
+    )
+
+
+def test_a_restarted_node_resumes_its_own_kept_chain(book, alice, tmp_path):
+    landscape = Landscape()
+    researcher(book, alice, tmp_path, Scripted(NARROW), landscape, verify_every=0).step()
+    again = researcher(book, alice, tmp_path, Scripted(), landscape, verify_every=0)
+    again.start()
+    assert again.head.sha256 == sha(NARROW)
+
+
+def gossip(source: Ledger, *targets: Ledger, versions: bool = True) -> None:
+    """What the network layer does between nodes: every fact, and the versions they name."""
+    raws = [raw for _, raw in source.facts_raw()]
+    versions = [r["source"] for r in source.rows("SELECT source FROM versions")] if versions else []
+    for target in targets:
+        target.ingest_many(raws)
+        for version in versions:
+            target.add_version(version)
+
+
+def ledger_of(tmp_path, name: str) -> Ledger:
+    return Ledger(tmp_path / name / "ledger.db", campaign=CAMPAIGN)
+
+
+def test_every_nth_step_verifies_an_open_claim_of_a_peer(book, alice, bob, tmp_path):
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
+        gossip(bobs, book)
+    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=2)
+    assert worker.step().outcome == "discard"  # step 1: research (softcap 30 is worse)
+    checked = worker.step()  # step 2: bob's claim is open
+    assert isinstance(checked, Verified) and checked.verdict == "confirm"
+    assert checked.parent_run is None  # alice's own baseline runs give the parent's score
+    assert worker.published[-1].kind == "verification"
+
+
+def test_a_verified_peer_win_is_adopted_and_other_verified_wins_merge_onto_it(
+    book, alice, bob, carol, tmp_path
+):
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
+        bob_worker = researcher(
+            bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=1
+        )
+        carol_worker = researcher(
+            carols, carol, tmp_path / "carol", Scripted(FOUR_STEPS), landscape, verify_every=1
+        )
+        assert bob_worker.step().outcome == carol_worker.step().outcome == "keep"
+        gossip(bobs, carols)
+        gossip(carols, bobs)
+        # Each verifies the other's win (step 2 of each verifies, with verify_every=1).
+        assert bob_worker.step().verdict == carol_worker.step().verdict == "confirm"
+        gossip(bobs, book)
+        gossip(carols, book)
+    worker = researcher(book, alice, tmp_path, Scripted(), landscape, verify_every=0)
+    merged = worker.step()
+    assert worker.adopted == sha(NARROW)  # the best verified head
+    assert merged.outcome == "keep" and worker.head.source == BOTH  # the queued merge came first
+    assert merged.description.startswith(f"merge of {sha(FOUR_STEPS)[:12]}")
+
+
+def test_a_head_whose_train_py_has_not_arrived_yet_is_adopted_once_it_has(
+    book, alice, bob, carol, tmp_path
+):
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
+        gossip(bobs, carols)
+        researcher(carols, carol, tmp_path / "carol", Scripted(), landscape, verify_every=1).step()
+        gossip(bobs, book, versions=False)
+        gossip(carols, book, versions=False)
+        worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=0)
+        worker.start()
+        assert worker.head.sha256 == sha(BASELINE) and worker.adopted is None
+        book.add_version(NARROW.encode())  # fetched by hash
+        worker.step()
+        assert worker.adopted == sha(NARROW)
