@@ -142,3 +142,14 @@ def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, test
     assert inside.outcome == outside.outcome == "ok"
     assert inside.sandboxed and not outside.sandboxed
     assert abs(inside.val_bpb - outside.val_bpb) < 0.3  # same code and seed; only throughput differs
+
+
+def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, test_data):
+    peeking = BASELINE_TRAIN_PY.read_text().replace("is_causal=True", "is_causal=False")
+    assert peeking != BASELINE_TRAIN_PY.read_text() and check_source(peeking) == []  # it passes the policy
+    script = tmp_path / "train.py"
+    script.write_text(peeking)
+    profile = dataclasses.replace(get_profile("test"), budget_seconds=2)
+    result = run_experiment(script, profile, test_data, tmp_path / "run")
+    assert result.outcome == "crash" and result.val_bpb is None
+    assert result.error.startswith("refused by the harness: the model looks ahead")

@@ -132,8 +132,12 @@ class Session:
         flops = flops_per_token(model, self.seq_len, self.device)
         was_training = model.training
         model.eval()
-        score = evaluate_bpb(model, self.config["data"]["val_path"], self.config["data"]["token_bytes_path"],
-                             self.seq_len, self.config["profile"]["eval_tokens"], self.device)
+        try:
+            score = evaluate_bpb(model, self.config["data"]["val_path"], self.config["data"]["token_bytes_path"],
+                                 self.seq_len, self.config["profile"]["eval_tokens"], self.device)
+        except LookAheadError as exc:
+            self._emit("refused", reason=str(exc))
+            raise
         model.train(was_training)
         peak = torch.cuda.max_memory_allocated() / 2**20 if self.device.type == "cuda" else None
         self._emit("result", **score, flops_per_token=flops, peak_memory_mb=peak,
@@ -152,6 +156,28 @@ def flops_per_token(model: torch.nn.Module, seq_len: int, device: torch.device) 
         logits.float().sum().backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / seq_len
+
+
+class LookAheadError(RuntimeError):
+    """The model's predictions depend on tokens after the one being predicted."""
+
+
+def check_causal(model: torch.nn.Module, x: torch.Tensor, logits: torch.Tensor, tolerance: float = 1e-3) -> None:
+    """Change every token after a cut and require the predictions up to the cut to stay the same.
+
+    Done on the first scored batch itself, in the same mode and precision as the scoring, so a
+    model cannot tell the check from the evaluation.
+    """
+    cut = x.size(1) // 2
+    changed = x.clone()
+    changed[:, cut + 1:] = (x[:, cut + 1:] + 1 + torch.randint_like(x[:, cut + 1:], 1000)) % logits.size(-1)
+    before = logits[:, :cut + 1].float()
+    if not torch.isfinite(before).all():
+        return  # a diverged model: the score itself will say so
+    moved = (model(changed)[:, :cut + 1].float() - before).abs().max().item()
+    if not moved <= tolerance * (1 + before.abs().max().item()):
+        raise LookAheadError(f"the model looks ahead: its predictions up to position {cut} changed by {moved:.3g} "
+                             f"when only later tokens changed; a language model may use past tokens only")
 
 
 @torch.no_grad()
@@ -179,6 +205,8 @@ def evaluate_bpb(model: torch.nn.Module, val_path: str, token_bytes_path: str, s
         x, y = x.to(device), y.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(x)
+            if first == 0:
+                check_causal(model, x, logits)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
         weight = token_bytes[y.flatten()]
         counted = weight > 0

@@ -220,6 +220,8 @@ def _watch(proc: subprocess.Popen, read_fd: int, profile: Profile, started: floa
                     phase, phase_start = "eval", now
                 elif name == "result":
                     seen["eval_seconds"] = now - phase_start
+                elif name == "refused":  # the harness caught the model cheating
+                    seen["error"] = f"refused by the harness: {event.get('reason', '')}"
                 seen[name] = event
                 on_event({**event, "phase": phase, "runner_elapsed": now - phase_start})
         elif proc.poll() is not None:
