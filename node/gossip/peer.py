@@ -135,7 +135,8 @@ class GossipNode:
         self.host: Any = None
         self.pubsub: Any = None
         self.started = time.monotonic()
-        self.first_peer_s: float | None = None
+        self.first_peer_s: float | None = None  # from this object's birth (imports excluded)
+        self.first_peer_at: float | None = None  # wall clock, for benchmarks across processes
         self._synced: set[str] = set()
         self._dialing: set[str] = set()
         self._wanted: dict[str, tuple[list[str], int]] = {}  # sha256 -> (peers to ask, tries)
@@ -292,6 +293,7 @@ class GossipNode:
                 connected = {p.to_base58() for p in self.host.get_connected_peers()}
                 if connected and self.first_peer_s is None:
                     self.first_peer_s = now - self.started
+                    self.first_peer_at = time.time()
                 for peer in connected:
                     if self.book.is_banned(peer) or len(connected) > self.limits.max_peers:
                         nursery.start_soon(self._disconnect, peer)
@@ -363,7 +365,7 @@ class GossipNode:
             "peer_id": self.peer_id, "addrs": self.addrs, "campaign": self.config.campaign,
             "topic": self.topic, "pid": os.getpid(), "time": time.time(),
             "connected": connected, "known": len(self.book), "banned": self.book.banned(),
-            "facts": facts, "first_peer_s": self.first_peer_s, "counts": dict(self.counts),
+            "facts": facts, "first_peer_s": self.first_peer_s, "first_peer_at": self.first_peer_at, "counts": dict(self.counts),
         }  # fmt: skip
 
     async def _status_loop(self) -> None:
