@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import pytest
 from conftest import CAMPAIGN
@@ -13,7 +14,7 @@ from node.agent.offline import OfflineProposer
 from node.agent.patch import change_hash
 from node.agent.proposers import Context, Proposal, context_from_ledger
 from node.ledger import Ledger
-from node.trainer import BASELINE_TRAIN_PY, get_profile
+from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
 FAST = dataclasses.replace(
@@ -100,3 +101,36 @@ def test_a_refused_or_failing_proposal_never_runs_nor_publishes(
     )
     assert step.outcome == "refused" and reason in step.reason and step.run is None
     assert book.rows("SELECT COUNT(*) AS n FROM results") == [{"n": 0}]
+
+
+def test_a_proposal_that_breaks_the_policy_never_runs(book, alice, tmp_path):
+    sneaky = BASELINE.replace("S.finish(model)", "open('/etc/passwd')\nS.finish(model)")
+    step = research_step(
+        book, alice, Scripted(Proposal("read a file", sneaky)), Head(BASELINE, 3.0), 0.01, FAST,
+        None, tmp_path,
+    )  # fmt: skip
+    assert (
+        step.outcome == "refused" and "breaks the policy" in step.reason and "open" in step.reason
+    )
+    assert book.rows("SELECT COUNT(*) AS n FROM runs") == [{"n": 0}]
+
+
+def test_trailing_spaces_on_added_lines_are_not_part_of_the_change(book, alice, tmp_path):
+    clean = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+    spaced = clean.replace("over the model width\n", "over the model width   \n")
+    ran = []
+
+    def run(script, profile, data, run_dir, seed=0, on_event=None):
+        ran.append(script.read_text())
+        child = hashlib.sha256(ran[-1].encode()).hexdigest()
+        return RunResult(
+            "ok", 1.0, 1, 64, 1.0, 2.0, None, None, child, "ab" * 32, "test", seed, "d"
+        )
+
+    step = research_step(
+        book, alice, Scripted(Proposal("narrower", spaced)), Head(BASELINE, 3.0), 0.01, FAST,
+        None, tmp_path, run=run,
+    )  # fmt: skip
+    assert ran == [clean] and step.head.source == clean
+    assert step.fact.body["child"] == hashlib.sha256(clean.encode()).hexdigest()
+    assert step.fact.body["diff_sha256"] == change_hash(BASELINE, clean)

@@ -74,6 +74,16 @@ def test_the_missing_final_newline_survives_a_round_trip():
         assert apply_diff(parent, make_diff(parent, child)) == child
 
 
+def test_a_trailing_blank_context_line_anchors_its_hunk():
+    assert apply_diff("\n", make_diff("\n", "a = 1\n\n")) == "a = 1\n\n"
+
+
+def test_context_lines_are_taken_from_the_parent_as_it_has_them():
+    parent = "x = 1   \ny = 2\n"  # trailing spaces a model would drop in its context
+    diff = "--- a/train.py\n+++ b/train.py\n@@ -1,2 +1,2 @@\n x = 1\n-y = 2\n+y = 3\n"
+    assert apply_diff(parent, diff) == "x = 1   \ny = 3\n"
+
+
 def test_the_same_change_hashes_the_same_whatever_the_headers_and_trailing_spaces():
     diff = make_diff(BASELINE, NARROW)
     other_tool = (

@@ -15,7 +15,7 @@ from node.agent.llm import LLMProposer, build_messages, extract_change
 from node.agent.offline import OfflineProposer
 from node.agent.patch import apply_diff, change_hash, make_diff
 from node.agent.proposers import Attempt, Context
-from node.trainer import BASELINE_TRAIN_PY
+from node.trainer import BASELINE_TRAIN_PY, policy
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
 PROGRAM = "# program.md\nImprove val_bpb within the budget."
@@ -39,6 +39,12 @@ def test_offline_proposals_compile_and_differ_from_their_parent():
         hashes.add(change_hash(BASELINE, proposal.source))
         assert "\n" not in proposal.description and proposal.description
     assert len(hashes) == 25  # never the same change twice
+
+
+def test_every_offline_candidate_passes_the_train_py_policy():
+    children = [child for _, child in OfflineProposer(0).candidates(BASELINE)]
+    assert len(children) > 100
+    assert all(policy.check_source(child) == [] for child in children)
 
 
 def test_offline_proposer_is_deterministic_for_a_seed_and_varies_across_seeds():

@@ -149,3 +149,15 @@ def test_a_real_win_is_confirmed_by_a_peer_and_becomes_verified(
     verifications = book.rows("SELECT result, author, verdict, profile, harness FROM verifications")
     assert set(consensus.verified_children(results, verifications)) == {claimed["id"]}
     assert ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS) == []  # judged now
+
+
+def test_a_child_that_breaks_the_policy_is_refuted_without_running(book, alice, bob, tmp_path):
+    sneaky = BASELINE.replace("S.finish(model)", "__import__('os').system('true')\nS.finish(model)")
+    claimed = claim_in(book, alice, BASELINE, sneaky)
+    done = verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path, run=scripted_run({}))
+    assert (
+        done.verdict == "refute"
+        and done.child_run is None
+        and done.fact.body["child_val_bpb"] is None
+    )
+    assert book.rows("SELECT COUNT(*) AS n FROM runs") == [{"n": 0}]

@@ -16,12 +16,20 @@ from pathlib import Path
 from node import consensus, wire
 from node.agent.errors import AgentError, PatchError
 from node.agent.patch import apply_diff, check_source, diff_hash, make_diff, normalise_diff
-from node.agent.proposers import Proposer, context_from_ledger
+from node.agent.proposers import Proposal, Proposer, context_from_ledger
 from node.identity import Identity
 from node.ledger import Ledger
-from node.trainer import Profile, RunResult, TokenData, run_experiment
+from node.trainer import Profile, RunResult, TokenData, policy, run_experiment
 
 Check = Callable[[str], None]  # raises AgentError (or a subclass) when a train.py may not run
+
+
+def policy_check(source: str) -> None:
+    """The trainer's static policy, as a check: raises PatchError listing what the source breaks."""
+    violations = policy.check_source(source)
+    if violations:
+        shown = "; ".join(str(v) for v in violations[:5])
+        raise PatchError(f"the train.py breaks the policy (see program.md): {shown}")
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ class Step:
 def research_step(
     ledger: Ledger, me: Identity, proposer: Proposer, head: Head, margin: float, profile: Profile,
     data: TokenData, work_dir: Path, *, program: str = "", seed: int = 0,
-    check: Check | None = None, on_event: Callable[[dict], None] = lambda _: None,
+    check: Check | None = policy_check, on_event: Callable[[dict], None] = lambda _: None,
     run: Callable[..., RunResult] = run_experiment,
 ) -> Step:  # fmt: skip
     """Propose a change of `head`, check it, run it, keep it only when it beats the head's own
@@ -62,8 +70,9 @@ def research_step(
     try:
         proposal = proposer.propose(context)
         diff = normalise_diff(make_diff(head.source, proposal.source))
-        if apply_diff(head.source, diff) != proposal.source:
-            raise PatchError("the change does not survive its own diff: a bug in the proposer")
+        # The child is the head with the canonical diff applied: trailing spaces on added lines
+        # are not part of a change, so two peers' spellings of one change give one version.
+        proposal = Proposal(proposal.description, apply_diff(head.source, diff))
         check_source(proposal.source)
         if diff_hash(diff) in context.tried_hashes:
             raise PatchError(f"the change {diff_hash(diff)[:12]} was already tried on this head")

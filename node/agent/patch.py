@@ -96,7 +96,7 @@ def _parse(diff: str) -> list[_Hunk]:
             current = None
             continue
         if line == "":
-            current.lines.append(" ")  # models often strip the space of a blank context line
+            current.lines.append("")  # models often strip the space of a blank context line
         elif line[0] in " -+\\":
             current.lines.append(line)
         else:
@@ -104,8 +104,9 @@ def _parse(diff: str) -> list[_Hunk]:
     if files > 1:
         raise PatchError("the diff changes more than one file; only train.py may change")
     for hunk in hunks:
-        while hunk.lines and hunk.lines[-1] == " ":  # trailing blank lines are separators
+        while hunk.lines and hunk.lines[-1] == "":  # trailing empty lines are separators
             hunk.lines.pop()
+        hunk.lines = [line or " " for line in hunk.lines]
         if not any(line[0] in "-+" for line in hunk.lines):
             raise PatchError(
                 f"hunk at line {hunk.old_start} changes nothing: is the diff cut short?"
@@ -138,7 +139,7 @@ def apply_diff(parent: str, diff: str) -> str:
     out: list[str] = []
     cursor = 0
     for n, hunk in enumerate(hunks, 1):
-        old, new = hunk.side(" -"), hunk.side(" +")
+        old = hunk.side(" -")
         hint = hunk.old_start if not old else hunk.old_start - 1
         at = _find(lines, old, cursor, hint) if old else min(max(hint, cursor), len(lines))
         if at is None:
@@ -153,7 +154,15 @@ def apply_diff(parent: str, diff: str) -> str:
                 f"hunk {n} of {len(hunks)} (at line {hunk.old_start}) does not apply: {why}; "
                 "make the diff against the exact train.py given"
             )
-        out += lines[cursor:at] + new
+        out += lines[cursor:at]
+        i = at  # context lines come from the parent, exactly as it has them
+        for line in hunk.lines:
+            if line[0] in " -":
+                if line[0] == " ":
+                    out.append(lines[i])
+                i += 1
+            elif line[0] == "+":
+                out.append(line[1:])
         cursor = at + len(old)
         for prev, line in zip(hunk.lines, hunk.lines[1:], strict=False):
             if line.startswith("\\"):

@@ -15,7 +15,7 @@ from pathlib import Path
 from node import wire
 from node.agent import adoption
 from node.agent.errors import AgentError
-from node.agent.loop import Check, Head, Step, research_step
+from node.agent.loop import Check, Head, Step, policy_check, research_step
 from node.agent.proposers import Proposer
 from node.agent.verifier import Verified, ledger_claims_to_verify, verify_claim
 from node.consensus import noise_margin
@@ -32,7 +32,7 @@ class Researcher:
         self, ledger: Ledger, me: Identity, proposer: Proposer, profile: Profile,
         data: TokenData, work_dir: Path, baseline_source: str, *, quorum: int = 1,
         program: str = "", verify_every: int = 4, noise_runs: int = 2, seed: int = 0,
-        check: Check | None = None, publish: Callable[[wire.Fact], None] = lambda _: None,
+        check: Check | None = policy_check, publish: Callable[[wire.Fact], None] = lambda _: None,
         run: Callable[..., RunResult] = run_experiment, status_path: Path | None = None,
     ) -> None:  # fmt: skip
         self.ledger, self.me, self.profile, self.data = ledger, me, profile, data

@@ -15,11 +15,11 @@ from typing import Any
 
 from node import consensus, wire
 from node.agent.errors import AgentError
+from node.agent.loop import Check, policy_check
 from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import Profile, RunResult, TokenData, run_experiment
 
-Check = Callable[[str], None]
 Run = Callable[..., RunResult]
 
 
@@ -68,19 +68,20 @@ class Verified:
 
     verdict: str
     child_val_bpb: float | None
-    parent_val_bpb: float
+    parent_val_bpb: float | None
     fact: wire.Fact
-    child_run: RunResult
-    parent_run: RunResult | None  # None when this node's earlier score of the parent was used
+    child_run: RunResult | None  # None when the child broke the policy and never ran
+    parent_run: RunResult | None  # None when not run (an earlier own score, or no child run)
 
 
 def verify_claim(
     ledger: Ledger, me: Identity, claim: Mapping[str, Any], margin: float, profile: Profile,
     data: TokenData, work_dir: Path, *, seed: int = 0, parent_val_bpb: float | None = None,
-    check: Check | None = None, run: Run = run_experiment,
+    check: Check | None = policy_check, run: Run = run_experiment,
 ) -> Verified:  # fmt: skip
     """Run the claim's child (and its parent, unless `parent_val_bpb` is this node's own earlier
-    score of it) and publish a `verification` with the verdict of `consensus.verdict`."""
+    score of it) and publish a `verification` with the verdict of `consensus.verdict`. A child
+    that fails `check` (the policy) never runs and is refuted: no honest node could have run it."""
     if claim["author"] == me.peer_id:
         raise AgentError("a node cannot verify its own claim: its confirmation would not count")
     sources = {}
@@ -93,7 +94,15 @@ def verify_claim(
             )
         sources[role] = source.decode()
     if check is not None:
-        check(sources["child"])
+        try:
+            check(sources["child"])
+        except AgentError:
+            body = wire.verification_body(
+                result=claim["id"], child_val_bpb=None, parent_val_bpb=parent_val_bpb, seed=seed,
+                profile=profile.name, harness=claim["harness"], verdict="refute",
+            )  # fmt: skip
+            fact = ledger.publish(me, "verification", body)
+            return Verified("refute", None, parent_val_bpb, fact, None, None)
     base = Path(work_dir) / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{claim['id'][:12]}"
     child_run = _run(ledger, sources["child"], "child", claim, profile, data, base, seed, run)
     parent_run = None
