@@ -142,7 +142,10 @@ class LLMProposer:
         os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # else litellm fetches prices at import
         import litellm  # seconds to import: only when a model is configured
 
+        litellm.suppress_debug_info = True  # its help banners are not our user's business
         self._litellm = litellm
+        if api_key is None:
+            api_key = _key_or_placeholder(litellm, model, api_base)
         self.model, self.api_base, self.api_key = model, api_base, api_key
         self.max_cost_usd, self.max_attempts, self.backoff_s = max_cost_usd, max_attempts, backoff_s
         self.timeout_s, self.max_tokens, self.temperature = timeout_s, max_tokens, temperature
@@ -231,6 +234,24 @@ class LLMProposer:
             tmp = self.spent_path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"cost_usd": self.spent_usd, "model": self.model}))
             tmp.replace(self.spent_path)
+
+
+def _key_or_placeholder(litellm: Any, model: str, api_base: str | None) -> str | None:
+    """None when the provider's key is in the environment (litellm reads it there); a
+    placeholder for a local server at `api_base`, which takes any key; else a clear error."""
+    try:
+        missing = litellm.validate_environment(model=model).get("missing_keys") or []
+    except Exception:  # a provider litellm cannot check: let the call itself say what is wrong
+        return None
+    keys = [name for name in missing if "KEY" in name]
+    if not keys:
+        return None
+    if api_base is not None:
+        return "no-key"
+    raise ModelError(
+        f"{model} needs {' or '.join(keys)} in the environment; set it, or pass --api-base "
+        "for a local OpenAI-compatible server"
+    )
 
 
 def _brief(exc: Exception | None) -> str:
