@@ -13,7 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from node.gossip.limits import Limits
-from node.gossip.peer import STATUS_FILE, GossipConfig, GossipError, GossipNode, topic_for
+from node.gossip.peer import (
+    STATUS_FILE,
+    GossipConfig,
+    GossipError,
+    GossipNode,
+    check_port_free,
+    topic_for,
+)
 
 __all__ = ["GossipConfig", "GossipError", "Limits", "read_status", "run_peer", "topic_for"]
 
@@ -28,6 +35,7 @@ def run_peer(config: GossipConfig, on_ready: Callable[[list[str]], None] | None 
     from node.ledger import Ledger, ledger_path
 
     logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # we count and report what matters
+    check_port_free(config.listen)
     identity = load_identity(config.home)
     with Ledger(ledger_path(config.home), campaign=config.campaign) as ledger:
         node = GossipNode(config, identity, ledger)
@@ -38,7 +46,19 @@ def run_peer(config: GossipConfig, on_ready: Callable[[list[str]], None] | None 
                 await node.printed.wait()
                 (on_ready or _print_addrs)(node.addrs)
 
-        trio.run(main)
+        try:
+            trio.run(main)
+        except Exception as exc:  # trio wraps errors in groups: show the user's, not a tree
+            raise _first_gossip_error(exc) or exc from None
+
+
+def _first_gossip_error(exc: BaseException) -> GossipError | None:
+    if isinstance(exc, GossipError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        if found := _first_gossip_error(inner):
+            return found
+    return None
 
 
 def _print_addrs(addrs: list[str]) -> None:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,41 @@ def parse_multiaddr(text: str, need_peer_id: bool = False) -> multiaddr.Multiadd
     if need_peer_id and "/p2p/" not in text:
         raise GossipError(f"{text!r} lacks /p2p/<peer id>: copy the full address the peer printed")
     return addr
+
+
+def check_port_free(listen: str) -> None:
+    """GossipError if another process listens on this TCP port. libp2p sets SO_REUSEPORT, so a
+    second node on the same port would silently take half of the first one's connections."""
+    addr = parse_multiaddr(listen)
+    try:
+        port = int(addr.value_for_protocol("tcp"))
+        ip = addr.value_for_protocol("ip4")
+    except Exception:
+        return  # not ip4/tcp: let libp2p judge it
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, port))
+        except OSError as exc:
+            raise GossipError(f"cannot listen on {listen}: {exc.strerror}; pick another port") from None
+
+
+def dialable_addrs(addrs: list[str], peer_id: str) -> list[str]:
+    """Full multiaddrs others can dial: 0.0.0.0 becomes loopback and this host's own IPv4s."""
+    ips = ["127.0.0.1"]
+    try:
+        ips += [ip for ip in socket.gethostbyname_ex(socket.gethostname())[2] if ip not in ips]
+    except OSError:
+        pass
+    out: list[str] = []
+    for addr in addrs:
+        base = addr.split("/p2p/")[0]
+        for concrete in ([base.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/") for ip in ips]
+                         if "/ip4/0.0.0.0/" in base else [base]):  # fmt: skip
+            if f"{concrete}/p2p/{peer_id}" not in out:
+                out.append(f"{concrete}/p2p/{peer_id}")
+    return out
 
 
 @dataclass
@@ -179,8 +215,7 @@ class GossipNode:
         async with host.run(listen_addrs=[self.listen]), trio.open_nursery() as nursery:
             async with background_trio_service(pubsub), background_trio_service(router):
                 await pubsub.wait_until_ready()
-                self.addrs = [f"{a}" if "/p2p/" in str(a) else f"{a}/p2p/{self.peer_id}"
-                              for a in host.get_addrs()]  # fmt: skip
+                self.addrs = dialable_addrs([str(a) for a in host.get_addrs()], self.peer_id)
                 protocols.install(self, host)
                 if self.topic:
                     pubsub.set_topic_validator(self.topic, self._validate, False)

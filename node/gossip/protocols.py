@@ -11,6 +11,7 @@ import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import multiaddr
 import trio
 from libp2p.custom_types import TProtocol
@@ -83,7 +84,7 @@ async def sync_with(node: GossipNode, peer: str) -> int:
     try:
         stream = await _open(node, peer, SYNC)
         authors = node.ledger.head_body()["authors"]
-        await write_frame(stream, {"authors": authors})
+        await write_frame(stream, {"authors": authors, "campaign": node.config.campaign})
         received = 0
         with trio.move_on_after(node.limits.sync_seconds):
             while received < node.limits.max_sync_facts:
@@ -109,14 +110,24 @@ async def sync_with(node: GossipNode, peer: str) -> int:
     return new
 
 
+def _campaign_of(raw: bytes) -> str | None:
+    """The campaign a stored fact belongs to; a node that holds several sends only the asked one."""
+    try:
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False).get("campaign")
+    except Exception:
+        return None
+
+
 async def _serve_sync(node: GossipNode, stream: Any, peer: str) -> None:
     request = await read_frame(stream, limit=wire.MAX_ANY_SIZE + 4096)
     if not isinstance(request, dict):
         raise FrameError("sync request: expected a map")
     authors = _valid_authors(request.get("authors"))
     # Collect first (bounded), then send: no cursor stays open while we wait on the peer.
-    missing = list(itertools.islice(node.ledger.facts_missing_from({"authors": authors}),
-                                    node.limits.max_sync_facts))  # fmt: skip
+    campaign = request.get("campaign")
+    wanted = (raw for raw in node.ledger.facts_missing_from({"authors": authors})
+              if campaign is None or _campaign_of(raw) == campaign)  # fmt: skip
+    missing = list(itertools.islice(wanted, node.limits.max_sync_facts))
     sent = 0
     for start in range(0, len(missing), _SYNC_BATCH):
         batch = missing[start : start + _SYNC_BATCH]

@@ -1,0 +1,94 @@
+"""The gossip node without a swarm: supervision, addresses, and one-line errors for bad settings."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from node.gossip import GossipConfig, GossipError
+from node.gossip.peer import GossipNode, check_port_free, dialable_addrs
+from node.identity import Identity
+from node.ledger import Ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER = "12D3KooWQizHGzpUEhtfYvotZT3KSMG6GDcgsYpj6FaDjifC6y3y"
+
+
+def test_a_host_that_dies_is_restarted_with_the_same_ledger_and_peer_book(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.db", campaign="c") as ledger:
+        node = GossipNode(GossipConfig(home=tmp_path, bootstrap=[f"/ip4/127.0.0.1/tcp/9/p2p/{PEER}"]),
+                          Identity.generate(), ledger)  # fmt: skip
+        runs: list[tuple[int, int]] = []
+
+        async def host_that_dies_once() -> None:
+            runs.append((id(node.ledger), len(node.book)))
+            node.addrs = ["/ip4/127.0.0.1/tcp/1"]  # it came up, then
+            if len(runs) == 1:
+                raise RuntimeError("DecodeError escaped somewhere")
+
+        node._run_host = host_that_dies_once  # type: ignore[method-assign]
+        trio.run(node.run)
+    assert node.counts["restarts"] == 1
+    assert runs[0] == runs[1] == (id(ledger), 1)
+
+
+def test_a_host_that_never_comes_up_is_a_gossip_error(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.db", campaign="c") as ledger:
+        node = GossipNode(GossipConfig(home=tmp_path), Identity.generate(), ledger)
+
+        async def host_that_cannot_listen() -> None:
+            raise OSError("cannot assign requested address")
+
+        node._run_host = host_that_cannot_listen  # type: ignore[method-assign]
+        try:
+            trio.run(node.run)
+        except GossipError as exc:
+            assert "cannot listen" in str(exc)
+        else:
+            raise AssertionError("no GossipError")
+
+
+def test_a_port_another_process_holds_is_refused_despite_reuseport() -> None:
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        try:
+            check_port_free(f"/ip4/127.0.0.1/tcp/{port}")
+        except GossipError as exc:
+            assert "in use" in str(exc)
+        else:
+            raise AssertionError("no GossipError")
+    check_port_free("/ip4/127.0.0.1/tcp/0")
+
+
+def test_wildcard_listen_addresses_are_announced_as_dialable_ones() -> None:
+    addrs = dialable_addrs(["/ip4/0.0.0.0/tcp/4001"], PEER)
+    assert f"/ip4/127.0.0.1/tcp/4001/p2p/{PEER}" in addrs
+    assert not any("0.0.0.0" in a for a in addrs)
+    assert dialable_addrs([f"/ip4/10.0.0.2/tcp/5/p2p/{PEER}"], PEER) == [f"/ip4/10.0.0.2/tcp/5/p2p/{PEER}"]
+
+
+def _swarm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)  # fmt: skip
+
+
+def test_bad_addresses_are_one_line_errors(tmp_path: Path) -> None:
+    bad_listen = _swarm("bootstrap", "--listen", "/ip4/127.0.0.1/tcp/notaport", "--home", str(tmp_path))
+    no_peer_id = _swarm("peer", "--campaign", "c", "--bootstrap", "/ip4/127.0.0.1/tcp/1",
+                        "--listen", "/ip4/127.0.0.1/tcp/0", "--home", str(tmp_path))  # fmt: skip
+    for run, words in ((bad_listen, "not a multiaddr"), (no_peer_id, "lacks /p2p/")):
+        assert run.returncode == 1, run.stderr
+        assert words in run.stderr and "Traceback" not in run.stderr
+        assert len(run.stderr.strip().splitlines()) <= 2  # rich may wrap one long line
+
+
+def test_peers_without_a_running_node_says_what_to_run(tmp_path: Path) -> None:
+    run = _swarm("peers", "--home", str(tmp_path))
+    assert run.returncode == 1 and "swarm peer --home" in run.stderr
