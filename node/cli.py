@@ -60,7 +60,6 @@ def _status_line(message: str) -> None:
 def _prepare(profile_name: str, data: str | None, home: Path | None):
     from node.home import data_dir, resolve_home
     from node.trainer import get_profile, prepare_data
-
     home_dir = resolve_home(home)
     profile = get_profile(profile_name, data)
     return home_dir, profile, prepare_data(profile, data_dir(home_dir), _status_line)
@@ -109,6 +108,10 @@ def run(
     if sandbox is None and not sandbox_available():
         err_console.print("[yellow]warning:[/] no sandbox (bubblewrap) on this machine: train.py runs "
                           "unconfined; run only code you trust", highlight=False)
+    from node.trainer import get_profile
+    from node.trainer.runner import require_device
+
+    require_device(get_profile(profile))  # before fetching gigabytes of data for a GPU run
     home_dir, prof, tokens = _prepare(profile, data, home)
     run_dir = home_dir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{prof.name}-{os.getpid()}"
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),

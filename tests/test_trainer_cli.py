@@ -29,11 +29,14 @@ def test_help_lists_the_commands_and_each_command_shows_an_example():
 
 
 def test_a_user_mistake_is_one_line_and_a_nonzero_exit_code(tmp_path):
-    for args, words, code in ((["run", "--profile", "laptop"], "unknown profile 'laptop'", 1),
+    import torch
+
+    no_gpu = [] if torch.cuda.is_available() else [(["run", "--profile", "gpu"], "needs a CUDA GPU", 1)]
+    for args, words, code in [*no_gpu, (["run", "--profile", "laptop"], "unknown profile 'laptop'", 1),
                               (["run", "--profile", "test", "--train-py", str(tmp_path / "nope.py")], "is not a file", 1),
                               (["data", "build", "--data", "s3:bucket"], "unknown data", 1),
                               (["run", "--seed", "abc"], "Invalid value for '--seed'", 2),
-                              (["trian"], "No such command 'trian'", 2)):
+                              (["trian"], "No such command 'trian'", 2)]:
         done = swarm(*args, home=tmp_path)
         assert done.returncode == code, done.stderr
         lines = [line for line in done.stderr.splitlines() if line.strip()]

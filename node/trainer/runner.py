@@ -126,6 +126,7 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
         source = train_py.read_bytes()
     except OSError as exc:
         raise TrainerError(f"cannot read {train_py}: {exc.strerror}; pass an existing file with --train-py") from exc
+    require_device(profile)
     if sandbox and not sandbox_available():
         raise TrainerError("no sandbox on this machine: install bubblewrap (apt-get install bubblewrap), "
                            "or run without one only for code you trust (--no-sandbox)")
@@ -171,6 +172,15 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
         _kill_group(proc)
     outcome["total_seconds"] = time.monotonic() - started
     return _finish(_result(outcome, base, profile, log_path), run_dir, on_event)
+
+
+def require_device(profile: Profile) -> None:
+    """TrainerError when this machine lacks the profile's device (checked before any data is fetched)."""
+    if profile.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TrainerError(f"profile {profile.name} needs a CUDA GPU and this machine has none; use --profile cpu")
 
 
 def _finish(result: RunResult, run_dir: Path, on_event: OnEvent) -> RunResult:
