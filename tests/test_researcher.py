@@ -17,6 +17,8 @@ from conftest import CAMPAIGN
 
 from node import wire
 from node.agent.adoption import best_head, swarm_rows
+from node.agent.errors import SpendingLimitReached
+from node.agent.llm import Usage
 from node.agent.loop import Step
 from node.agent.offline import OfflineProposer
 from node.agent.proposers import Context, Proposal
@@ -236,3 +238,36 @@ def test_three_offline_nodes_converge_on_one_head_verified_by_the_quorum(
         assert node.adopted == head  # every node builds on the same verified head
     for book in ledgers:
         book.close()
+
+
+def test_when_the_proposer_has_nothing_the_step_verifies_instead(book, alice, bob, tmp_path):
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
+        gossip(bobs, book)
+    spent = SpendingLimitReached("this node has spent $5.0000 on model calls")
+    worker = researcher(book, alice, tmp_path, Refusing(spent), landscape, verify_every=10)
+    done = worker.step()  # step 1 of 10 would research, but the proposer refuses
+    assert isinstance(done, Verified) and done.verdict == "confirm"
+    again = worker.step()  # nothing left to verify either: a refused step that ran nothing
+    assert isinstance(again, Step) and again.outcome == "refused" and "spent" in again.reason
+
+
+class Refusing:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def propose(self, context: Context) -> Proposal:
+        raise self.error
+
+
+def test_the_status_shows_the_models_tokens_and_dollars(book, alice, tmp_path):
+    class Counted(Scripted):
+        usage = Usage(calls=1, prompt_tokens=1000, completion_tokens=200, cost_usd=0.01)
+
+    worker = researcher(book, alice, tmp_path, Counted(NARROW), Landscape(), verify_every=0)
+    worker.step()
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert (
+        status["model_usage"]["prompt_tokens"] == 1000 and status["model_usage"]["cost_usd"] == 0.01
+    )

@@ -137,7 +137,9 @@ class Researcher:
 
     def step(self) -> Step | Verified:
         """One experiment: a verification of a peer's claim (every `verify_every`-th step, when
-        one is open), else a research step from the head. Publishes what it signed."""
+        one is open), else a research step from the head, else (when the proposer has nothing,
+        or its model failed or its budget is spent) a verification after all. Publishes what it
+        signed. A refused step ran nothing: a caller that gets several in a row should wait."""
         if self.margin is None:
             self.start()
         assert self.head is not None and self.margin is not None
@@ -157,6 +159,8 @@ class Researcher:
             self.publish(step.fact)
         self.head = step.head
         self._set(f"{step.outcome}: {step.description or step.reason}"[:200])
+        if step.outcome == "refused" and self.verify_every:
+            return self._verify_one() or step
         return step
 
     def _verify_one(self) -> Verified | None:
@@ -184,11 +188,13 @@ class Researcher:
 
     def status(self) -> dict:
         """What this worker is doing now, for `swarm status`."""
+        usage = getattr(self.proposer.inner, "usage", None)  # a model's tokens and dollars
         return {
             "doing": self.doing, "progress": self.progress, "profile": self.profile.name,
             "head": self.head.sha256 if self.head else None,
             "head_val_bpb": self.head.val_bpb if self.head else None,
             "adopted": self.adopted, "margin": self.margin, "steps": self.steps,
+            "model_usage": vars(usage) if usage is not None else None,
         }  # fmt: skip
 
     def _set(self, doing: str) -> None:
