@@ -177,6 +177,32 @@ def test_a_late_joiner_holds_every_earlier_fact_after_sync(swarm, tmp_path: Path
     wait_until(lambda: late.status()["counts"]["synced"] >= len(offline), "the count of synced facts")
 
 
+def test_a_large_version_is_fetched_by_hash_in_chunks_after_sync(swarm, tmp_path: Path) -> None:
+    from node import wire
+    from node.identity import load_identity
+    from node.ledger import Ledger
+
+    big = b"".join(b"# line %d of a large train.py\n" % i for i in range(100_000))  # ~3 MB
+    assert len(big) > 2 * (1 << 20)
+    home = tmp_path / "a"
+    home.mkdir()
+    with Ledger(home / "ledger.db", campaign=CAMPAIGN) as ledger:
+        child = ledger.add_version(big)
+        body = wire.result_body(parent="0" * 64, child=child, diff=b"big", description="big",
+                                profile="test", harness="1" * 64, seed=1, outcome="discard",
+                                metrics={"val_bpb": 1.0})  # fmt: skip
+        ledger.publish(load_identity(home), "result", body)
+    a = swarm("a")
+    b = swarm("b", "--bootstrap", a.addr)
+
+    def fetched() -> bytes | None:
+        with sqlite3.connect(f"file:{b.home / 'ledger.db'}?mode=ro", uri=True) as conn:
+            row = conn.execute("SELECT source FROM versions WHERE sha256 = ?", (child,)).fetchone()
+        return row[0] if row else None
+
+    assert wait_until(fetched, "the 3 MB version to arrive") == big
+
+
 def test_a_hostile_peer_is_dropped_and_harms_no_one(swarm, tmp_path: Path) -> None:
     boot = swarm("boot", peer=False)
     a, b = (swarm(name, "--bootstrap", boot.addr) for name in "ab")
@@ -279,6 +305,8 @@ def _hostile(campaign: str, targets: list[str]) -> None:
             print("junker", other.peer_id, flush=True)
             for info in [info_from_p2p_addr(multiaddr.Multiaddr(t)) for t in targets]:
                 await _try(host.connect(info))
+                huge = os.urandom(600 << 10)  # over the node's 512 KiB frame limit
+                await _try(_send_raw(host, info.peer_id, PROTOCOL_ID_V11, huge))
                 for _ in range(2):
                     junk = b"\x0a\xff\xff\xff\xff\x0f" + os.urandom(64)
                     await _try(_send_raw(host, info.peer_id, PROTOCOL_ID_V11, junk))
