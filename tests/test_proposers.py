@@ -93,9 +93,15 @@ def test_offline_proposer_steps_capital_constants_of_an_edited_parent():
 
 
 def test_a_whole_file_in_a_python_block_is_a_proposal():
-    reply = f"Description: narrower MLP\n```python\n{GOOD_CHILD}```"
+    reply = f"**Description:** narrower MLP\n```python\n{GOOD_CHILD}```"
     proposal = extract_change(reply, BASELINE)
     assert proposal.source == GOOD_CHILD and proposal.description == "narrower MLP"
+
+
+def test_a_bare_diff_without_a_fence_is_a_proposal_and_prose_names_it():
+    reply = f"## Narrower MLP for more steps\n\n{GOOD_DIFF}"
+    proposal = extract_change(reply, BASELINE)
+    assert proposal.source == GOOD_CHILD and proposal.description == "Narrower MLP for more steps"
 
 
 @pytest.mark.parametrize(

@@ -74,8 +74,9 @@ def extract_change(reply: str, parent: str) -> Proposal:
 
 def _description(prose: str) -> str:
     match = _DESCRIPTION.search(prose)
-    lines = [match[1]] if match else [x.strip(" #*-`>") for x in prose.splitlines()]
-    line = next((x.strip() for x in lines if x.strip()), "a change proposed by a language model")
+    lines = [match[1]] if match else prose.splitlines()
+    lines = [x.strip(" \t#*-_`>") for x in lines]  # markdown around the line is not part of it
+    line = next((x for x in lines if x), "a change proposed by a language model")
     return line if len(line) <= 200 else line[:199] + "…"
 
 
@@ -105,6 +106,8 @@ def build_messages(context: Context) -> list[dict[str, str]]:
 
 @dataclass
 class Usage:
+    """What a proposer's model calls cost: calls, tokens, dollars, refusals and retries."""
+
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
