@@ -42,6 +42,15 @@ def test_the_peer_book_stays_bounded_and_keeps_bootstraps() -> None:
     assert all(len(book.addrs(f"p{i}")) <= 2 for i in range(100))
 
 
+def test_a_peer_may_hold_only_a_few_streams_and_syncs_are_spaced() -> None:
+    book = PeerBook(Limits(max_streams=2, sync_gap=60.0))
+    assert book.open_stream("p", "sync") and book.open_stream("p", "sync")
+    assert not book.open_stream("p", "sync") and book.open_stream("p", "fetch")
+    book.close_stream("p", "sync")
+    assert book.open_stream("p", "sync")
+    assert book.sync_due("p") and not book.sync_due("p") and book.sync_due("q")
+
+
 @pytest.mark.parametrize("junk", [b"\xc1", b"\x92\x01", b"\xdb\xff\xff\xff\xff"])
 def test_a_frame_that_is_not_msgpack_is_a_frame_error(junk: bytes) -> None:
     with pytest.raises(FrameError):

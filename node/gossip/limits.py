@@ -32,6 +32,8 @@ class Limits:
     sync_seconds: float = 30.0
     resync_every: float = 30.0  # anti-entropy with a random peer, for partitions that healed
     max_blob: int = 8 << 20  # a version or diff fetched by hash
+    max_streams: int = 2  # our protocol's streams one peer may have open at once, per protocol
+    sync_gap: float = 2.0  # seconds between two syncs we serve to one peer (each costs a query)
 
 
 @dataclass
@@ -45,6 +47,7 @@ class _Peer:
     banned_until: float = 0.0
     tokens: float = 0.0
     tokens_at: float = 0.0
+    synced_at: float = -1e9
 
 
 class PeerBook:
@@ -53,6 +56,33 @@ class PeerBook:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._peers: dict[str, _Peer] = {}
+        self._streams: dict[tuple[str, str], int] = {}
+
+    def open_stream(self, peer: str, protocol: str) -> bool:
+        """Count a stream a peer opened to us; False (refuse it) over `max_streams` at once."""
+        key = (peer, protocol)
+        if self._streams.get(key, 0) >= self.limits.max_streams:
+            return False
+        if len(self._streams) >= self.limits.max_known and key not in self._streams:
+            return False
+        self._streams[key] = self._streams.get(key, 0) + 1
+        return True
+
+    def close_stream(self, peer: str, protocol: str) -> None:
+        key = (peer, protocol)
+        left = self._streams.get(key, 1) - 1
+        if left > 0:
+            self._streams[key] = left
+        else:
+            self._streams.pop(key, None)
+
+    def sync_due(self, peer: str) -> bool:
+        """True when `peer` may have another sync served now (at most one per `sync_gap`)."""
+        entry, now = self._get(peer), time.monotonic()
+        if now - entry.synced_at < self.limits.sync_gap:
+            return False
+        entry.synced_at = now
+        return True
 
     def __len__(self) -> int:
         return len(self._peers)

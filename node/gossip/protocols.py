@@ -44,21 +44,29 @@ def install(node: GossipNode, host: Any) -> None:
 def _guarded(node: GossipNode, handler: Any) -> Any:
     async def run(stream: Any) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
+        protocol = str(stream.get_protocol())
+        if node.book.is_banned(peer) or not node.book.open_stream(peer, protocol):
+            await _reset(stream)  # banned, or too many streams of this protocol at once
+            return
         try:
-            if node.book.is_banned(peer):
-                raise FrameError("banned")
             await handler(node, stream, peer)
             await stream.close()
         except Exception as exc:  # one bad stream ends here; the node goes on
-            log.info("%s from %s: %s", stream.get_protocol(), peer, exc)
+            log.info("%s from %s: %s", protocol, peer, exc)
             if isinstance(exc, FrameError):
                 node._penalise(peer, node.limits.invalid_penalty, "protocol")
-            try:
-                await stream.reset()
-            except Exception:
-                pass
+            await _reset(stream)
+        finally:
+            node.book.close_stream(peer, protocol)
 
     return run
+
+
+async def _reset(stream: Any) -> None:
+    try:
+        await stream.reset()
+    except Exception:
+        pass
 
 
 async def _open(node: GossipNode, peer: str, protocol: TProtocol) -> Any:
@@ -123,6 +131,9 @@ async def _serve_sync(node: GossipNode, stream: Any, peer: str) -> None:
     if not isinstance(request, dict):
         raise FrameError("sync request: expected a map")
     authors = _valid_authors(request.get("authors"))
+    if not node.book.sync_due(peer):  # too soon after the last one: nothing this time
+        await write_frame(stream, [])
+        return
     # Collect first (bounded), then send: no cursor stays open while we wait on the peer.
     campaign = request.get("campaign")
     wanted = (raw for raw in node.ledger.facts_missing_from({"authors": authors})
