@@ -42,7 +42,7 @@ def test_offline_proposals_compile_and_differ_from_their_parent():
 
 
 def test_every_offline_candidate_passes_the_train_py_policy():
-    children = [child for _, child in OfflineProposer(0).candidates(BASELINE)]
+    children = [child for _, child in OfflineProposer(0).candidates(BASELINE, "gpu")]
     assert len(children) > 100
     singles_and_some_pairs = children[:80]  # the pairs only combine the singles' lines
     assert all(policy.check_source(child) == [] for child in singles_and_some_pairs)
@@ -62,7 +62,7 @@ def test_offline_proposer_is_deterministic_for_a_seed_and_varies_across_seeds():
 def test_offline_proposer_never_proposes_an_already_tried_change():
     everything = [
         change_hash(BASELINE, child)
-        for _, child in OfflineProposer(0).candidates(BASELINE)
+        for _, child in OfflineProposer(0).candidates(BASELINE, "test")
         if child != BASELINE
     ]
     tried = frozenset(everything[:-1])  # all but one: only that one may come out
@@ -79,6 +79,16 @@ def test_offline_proposer_skips_changes_in_the_history_of_peers():
     )
     second = OfflineProposer(5).propose(Context(BASELINE, history=(seen,)))
     assert second.source != first.source
+
+
+def test_offline_proposer_steps_the_model_size_of_its_own_profile_only():
+    children = [child for _, child in OfflineProposer(0).candidates(BASELINE, "cpu")]
+    rows = {line for child in children for line in child.split("\n") if line.startswith('    "')}
+    assert '    "cpu": (5, 128, 64, 16, 1),' in rows  # one layer deeper
+    assert '    "cpu": (4, 192, 64, 16, 1),' in rows  # one head wider
+    assert '    "cpu": (4, 128, 48, 16, 1),' not in rows  # the width stays whole heads
+    assert all(row.startswith('    "cpu"') or row in BASELINE for row in rows)
+    assert not any("(5, 128, 64, 16, 1)" in c for _, c in OfflineProposer(0).candidates(BASELINE))
 
 
 def test_offline_proposer_steps_capital_constants_of_an_edited_parent():

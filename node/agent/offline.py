@@ -107,6 +107,53 @@ def hyperparameter_steps(source: str) -> list[_Step]:
     return out
 
 
+def _row_steps(name: str, row: dict[str, int]) -> list[int]:
+    """Neighbours of one entry of a profile's model-size row that keep the row valid."""
+    value, head = row[name], row.get("HEAD_DIM")
+    if name == "MODEL_DIM" and head:  # one attention head more or less
+        return [v for v in (value - head, value + head) if v >= head]
+    if name == "HEAD_DIM" and "MODEL_DIM" in row:  # the width must stay a whole number of heads
+        return [v for v in (value // 2, value * 2) if v % 2 == 0 and row["MODEL_DIM"] % v == 0]
+    if name in ("DEVICE_BATCH", "GRAD_ACCUM"):
+        return [v for v in (value // 2, value * 2) if v >= 1 and v != value]
+    return [v for v in (value - 1, value + 1) if v >= 1]
+
+
+def profile_steps(source: str, profile: str) -> list[_Step]:
+    """Steps of the model size and batch in `profile`'s row of the table at the top of train.py
+    (`DEPTH, MODEL_DIM, ... = {"gpu": (...), ...}[S.profile_name]`)."""
+    lines = source.split("\n")
+    out: list[_Step] = []
+    for stmt in ast.parse(source).body:
+        if not (
+            isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple)
+            and isinstance(stmt.value, ast.Subscript) and isinstance(stmt.value.value, ast.Dict)
+        ):  # fmt: skip
+            continue
+        names = [t.id if isinstance(t, ast.Name) else "" for t in stmt.targets[0].elts]
+        for key, row in zip(stmt.value.value.keys, stmt.value.value.values, strict=True):
+            if not (
+                isinstance(key, ast.Constant) and key.value == profile
+                and isinstance(row, ast.Tuple) and len(row.elts) == len(names)
+            ):  # fmt: skip
+                continue
+            ints = {
+                n: e for n, e in zip(names, row.elts, strict=True)
+                if n and isinstance(e, ast.Constant) and type(e.value) is int
+                and e.lineno == e.end_lineno
+            }  # fmt: skip
+            values = {n: e.value for n, e in ints.items()}
+            for name, node in ints.items():
+                raw = lines[node.lineno - 1].encode()
+                for new in _row_steps(name, values):
+                    new_line = (
+                        raw[: node.col_offset] + str(new).encode() + raw[node.end_col_offset :]
+                    ).decode()
+                    description = f"{name} {node.value} -> {new} on the {profile} profile"
+                    out.append(_Step(description, node.lineno - 1, f"row:{profile}", new_line))
+    return out
+
+
 def _with_lines(source: str, steps: tuple[_Step, ...]) -> str:
     lines = source.split("\n")
     for step in steps:
@@ -130,10 +177,11 @@ class OfflineProposer:
         self.seed = seed
         self._proposed: set[tuple[str, str]] = set()  # (parent, change hash) given out already
 
-    def candidates(self, source: str) -> Iterator[tuple[str, str]]:
-        """(description, child source) in this seed's order for this parent; may not compile."""
+    def candidates(self, source: str, profile: str | None = None) -> Iterator[tuple[str, str]]:
+        """(description, child source) in this seed's order for this parent; may not compile.
+        With `profile`, the model size and batch of that profile's row are stepped too."""
         rng = random.Random(f"{self.seed}:{hashlib.sha256(source.encode()).hexdigest()}")
-        steps = hyperparameter_steps(source)
+        steps = hyperparameter_steps(source) + (profile_steps(source, profile) if profile else [])
         singles: list[tuple[str, Callable[[], str]]] = [
             (d, lambda old=old, new=new: source.replace(old, new))
             for d, old, new in KNOWN_EDITS if source.count(old) == 1
@@ -150,7 +198,7 @@ class OfflineProposer:
     def propose(self, context: Context) -> Proposal:
         parent, tried = context.parent, context.tried_hashes
         seen: set[str] = set()
-        for description, child in self.candidates(context.train_py):
+        for description, child in self.candidates(context.train_py, context.profile):
             if child == context.train_py:
                 continue
             key = _change_hash(context.train_py, child)
