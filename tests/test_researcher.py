@@ -271,3 +271,24 @@ def test_the_status_shows_the_models_tokens_and_dollars(book, alice, tmp_path):
     assert (
         status["model_usage"]["prompt_tokens"] == 1000 and status["model_usage"]["cost_usd"] == 0.01
     )
+
+
+def test_a_verified_head_that_crashes_here_is_not_adopted(book, alice, bob, carol, tmp_path):
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
+        gossip(bobs, carols)
+        researcher(carols, carol, tmp_path / "carol", Scripted(), landscape, verify_every=1).step()
+        gossip(bobs, book)
+        gossip(carols, book)
+
+    def crashes_on_narrow(script, *args, **kwargs):
+        result = landscape(script, *args, **kwargs)
+        if "MLP_RATIO = 3 " in script.read_text():  # say, out of memory on this machine
+            return dataclasses.replace(result, outcome="crash", val_bpb=None, error="killed")
+        return result
+
+    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), crashes_on_narrow, verify_every=0)
+    step = worker.step()
+    assert worker.head.sha256 == sha(BASELINE) and step.outcome == "discard"
+    assert worker.adopted == sha(NARROW)  # it tried once, and does not try every step

@@ -129,7 +129,13 @@ class Researcher:
             return
         self.adopted = best
         if self.head is None or self.head.sha256 != best:
-            self.head = Head(source.decode(), self.score(source.decode()))
+            try:
+                self.head = Head(source.decode(), self.score(source.decode()))
+            except AgentError as exc:  # it crashes on this machine: keep building on ours
+                if self.head is None:
+                    self.head = Head(self.baseline_source, self.score(self.baseline_source))
+                self._set(f"cannot adopt {best[:12]}: {exc}"[:200])
+                return
         merges = adoption.merge_proposals(
             self.ledger, best, self.profile.name, self.quorum, self.harness
         )
