@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from node.ledger import Ledger
 
 # ---------------------------------------------------------------------------------------------
 # The interface
@@ -57,7 +60,7 @@ class Proposer(Protocol):
 
 
 def context_from_ledger(
-    ledger: Any, train_py: str, profile: str, program: str = "", me: str | None = None,
+    ledger: Ledger, train_py: str, profile: str, program: str = "", me: str | None = None,
     parent_val_bpb: float | None = None, limit: int = 30,
 ) -> Context:  # fmt: skip
     """A Context for `train_py` from the ledger's results on it (this node's and peers').
