@@ -5,11 +5,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import trio
 
-from node.gossip import GossipConfig, GossipError
+from node.gossip import GossipConfig, GossipError, read_status, run_peer
 from node.gossip.peer import GossipNode, check_port_free, dialable_addrs
 from node.identity import Identity
 from node.ledger import Ledger
@@ -92,3 +94,18 @@ def test_bad_addresses_are_one_line_errors(tmp_path: Path) -> None:
 def test_peers_without_a_running_node_says_what_to_run(tmp_path: Path) -> None:
     run = _swarm("peers", "--home", str(tmp_path))
     assert run.returncode == 1 and "swarm peer --home" in run.stderr
+
+
+def test_a_node_runs_in_a_thread_and_stops_when_asked(tmp_path: Path) -> None:
+    stop, ready = threading.Event(), []
+    config = GossipConfig(home=tmp_path, listen="/ip4/127.0.0.1/tcp/0", campaign="c")
+    thread = threading.Thread(target=run_peer, args=(config, ready.extend, stop), daemon=True)
+    thread.start()
+    end = time.monotonic() + 60
+    while not (ready and (tmp_path / "gossip.json").exists()) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert ready[0].startswith("/ip4/127.0.0.1/tcp/") and "/p2p/12D3KooW" in ready[0]
+    assert read_status(tmp_path)["addrs"] == ready
+    stop.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,10 +26,14 @@ from node.gossip.peer import (
 __all__ = ["GossipConfig", "GossipError", "Limits", "read_status", "run_peer", "topic_for"]
 
 
-def run_peer(config: GossipConfig, on_ready: Callable[[list[str]], None] | None = None) -> None:
-    """Run a gossiping node until interrupted: listen, find peers, sync, relay facts.
+def run_peer(
+    config: GossipConfig, on_ready: Callable[[list[str]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> None:  # fmt: skip
+    """Run a gossiping node until interrupted or `stop` is set: listen, find peers, sync, relay.
 
-    `on_ready` gets the node's full multiaddrs (with /p2p/<peer id>) once it listens."""
+    `on_ready` gets the node's full multiaddrs (with /p2p/<peer id>) once it listens. A daemon
+    runs this in a thread of its own and sets `stop` to end it."""
     import trio
 
     from node.identity import load_identity
@@ -45,6 +50,11 @@ def run_peer(config: GossipConfig, on_ready: Callable[[list[str]], None] | None 
                 nursery.start_soon(node.run)
                 await node.printed.wait()
                 (on_ready or _print_addrs)(node.addrs)
+                while stop is not None:
+                    if stop.is_set():
+                        nursery.cancel_scope.cancel()
+                        return
+                    await trio.sleep(0.2)
 
         try:
             trio.run(main)
