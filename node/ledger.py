@@ -408,11 +408,12 @@ class Ledger:
         )
         return self.rows(sql, [*params, limit])
 
-    def _confirmations(self, result_ids: list[str]) -> list[dict]:
+    def _verdicts(self, result_ids: list[str]) -> list[dict]:
+        """Confirmations and refutations of these results: `consensus` weighs them."""
         marks = ", ".join("?" * len(result_ids))
         return self.rows(
             "SELECT result, author, verdict, profile, harness FROM verifications "
-            f"WHERE verdict = 'confirm' AND result IN ({marks})",
+            f"WHERE verdict IN ('confirm', 'refute') AND result IN ({marks})",
             result_ids,
         )
 
@@ -443,7 +444,7 @@ class Ledger:
                     break
                 after = (page[-1]["val_bpb"], page[-1]["child"], page[-1]["id"])
                 verified = consensus.verified_children(
-                    page, self._confirmations([r["id"] for r in page]), quorum
+                    page, self._verdicts([r["id"] for r in page]), quorum
                 )
                 for r in page:
                     if r["id"] in verified and r["child"] not in chosen and len(chosen) < limit:
@@ -457,7 +458,7 @@ class Ledger:
                 (profile, *chosen),
             )
             verified = consensus.verified_children(
-                results, self._confirmations([r["id"] for r in results]), quorum
+                results, self._verdicts([r["id"] for r in results]), quorum
             )
             entries: dict[str, dict] = {}
             for r in sorted(results, key=lambda r: (r["time"], r["id"])):

@@ -187,7 +187,7 @@ def test_only_confirmations_by_other_peers_with_the_same_harness_verify(book, al
             win.raw,
             make_verification(alice, 2, win).raw,  # the author vouching for itself
             make_verification(bob, 1, win, harness="cd" * 32).raw,  # measured differently
-            make_verification(carol, 1, win, "refute").raw,
+            make_verification(carol, 1, win, "refute", harness="cd" * 32).raw,  # so is this refutation
         ]
     )
     assert book.leaderboard() == {}
@@ -197,6 +197,15 @@ def test_only_confirmations_by_other_peers_with_the_same_harness_verify(book, al
     assert board["cpu"][0]["found_by"] == alice.peer_id
     assert board["cpu"][0]["verified_by"] == [bob.peer_id]
     assert book.leaderboard(quorum=2) == {}
+
+
+def test_a_refutation_by_the_quorum_keeps_a_claim_off_the_leaderboard(book, alice, bob, carol):
+    win = make_result(alice, 1, BASELINE, V1, 1.40)
+    book.ingest_many([win.raw, make_verification(bob, 1, win).raw])
+    assert [e["child"] for e in book.leaderboard()["cpu"]] == [V1]
+    book.ingest(make_verification(carol, 1, win, "refute").raw)
+    assert book.leaderboard() == {}  # as consensus.verified_children rules: a refuted claim never counts
+    assert [e["child"] for e in book.leaderboard(quorum=2).get("cpu", [])] == []
 
 
 def test_a_quorum_counts_distinct_peers(book, alice, bob, carol):
