@@ -25,6 +25,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.validators import signature_validator
 from libp2p.tools.anyio_service import background_trio_service
 
 from node import wire
@@ -105,10 +106,18 @@ class GossipConfig:
     limits: Limits = field(default_factory=Limits)
 
 
+def _signed(msg: Any) -> bool:
+    try:
+        return signature_validator(msg)
+    except Exception:
+        return False
+
+
 class GuardedPubsub(Pubsub):
     """Pubsub that survives junk: a frame it cannot parse costs the sender, not the node."""
 
     on_junk: Any = None
+    on_invalid: Any = None
 
     async def stream_handler(self, stream: Any) -> None:
         peer_id = stream.muxed_conn.peer_id
@@ -124,6 +133,13 @@ class GuardedPubsub(Pubsub):
             self._handle_dead_peer(peer_id)
 
     async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
+        # The library drops a message whose libp2p signature is wrong, silently; we also charge
+        # the peer that sent it (checked once per message: seen ones are skipped).
+        if (msg_forwarder != self.my_id and not self.is_peer_blacklisted(msg_forwarder)
+                and not self._is_msg_seen(msg) and not _signed(msg)):  # fmt: skip
+            if self.on_invalid is not None:
+                self.on_invalid(msg_forwarder)
+            return
         try:
             await super().push_msg(msg_forwarder, msg)
         except Exception as exc:  # maybe a library bug on an odd but signed message: no ban
@@ -211,6 +227,7 @@ class GossipNode:
         pubsub = GuardedPubsub(host, router, strict_signing=True, cache_size=1024,
                                max_inbound_rpc_size=self.limits.max_rpc_bytes)  # fmt: skip
         pubsub.on_junk = self._on_junk
+        pubsub.on_invalid = self._on_bad_signature
         self.host, self.pubsub = host, pubsub
         async with host.run(listen_addrs=[self.listen]), trio.open_nursery() as nursery:
             async with background_trio_service(pubsub), background_trio_service(router):
@@ -276,6 +293,10 @@ class GossipNode:
         log.info("junk from %s: %s", peer_id, type(exc).__name__)
         points = self.limits.junk_penalty if serious else self.limits.invalid_penalty
         self._penalise(peer_id.to_base58(), points, "junk")
+
+    def _on_bad_signature(self, peer_id: ID) -> None:
+        self.counts["rejected"] += 1
+        self._penalise(peer_id.to_base58(), self.limits.invalid_penalty, "libp2p signature")
 
     def _penalise(self, peer: str, points: float, why: str) -> None:
         if self.book.penalise(peer, points):
