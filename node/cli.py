@@ -237,6 +237,71 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
         console.print(f"  {peer}")
 
 
+@app.command("join")
+def join_cmd(
+    bootstrap: Annotated[list[str] | None, typer.Option("--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable).")] = None,
+    profile: ProfileOption = "cpu",
+    model: Annotated[str | None, typer.Option("--model", help="An LLM through litellm, e.g. anthropic/claude-sonnet-4-5 or openai/NAME; default: the offline proposer.")] = None,
+    api_base: Annotated[str | None, typer.Option("--api-base", help="A local OpenAI-style server, e.g. http://127.0.0.1:11434/v1 (Ollama, vLLM).")] = None,
+    max_cost: Annotated[float, typer.Option("--max-cost", help="Dollars this node may spend on the model, in all.")] = 5.0,
+    campaign: Annotated[str, typer.Option("--campaign", help="The campaign to join (its name; nodes of other campaigns never mix facts).")] = "default",
+    quorum: Annotated[int, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted.")] = 1,
+    gpus: Annotated[str, typer.Option("--gpus", help="'all' or how many GPUs to use: one research worker each.")] = "all",
+    listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
+    data: DataOption = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds this node's proposals and runs.")] = 0,
+    sandbox: Annotated[bool, typer.Option("--sandbox/--no-sandbox", help="--no-sandbox runs peers' train.py unconfined: only in a group you trust.")] = True,
+    home: HomeOption = None,
+) -> None:
+    """Join the swarm and research until Ctrl-C: propose, run, verify peers' claims, adopt verified wins.
+
+    A restart with the same --home resumes from the ledger. `swarm status` shows what it is doing.
+
+    Example: swarm join --bootstrap /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --profile cpu
+    """
+    from node.home import resolve_home
+    from node.node import NodeConfig, run_node
+
+    if quorum < 1:
+        raise SwarmError("--quorum must be at least 1: a claim cannot verify itself")
+    config = NodeConfig(home=resolve_home(home), bootstrap=list(bootstrap or []), listen=listen, profile=profile,
+                        data=data, campaign=campaign, model=model, api_base=api_base, max_cost_usd=max_cost,
+                        quorum=quorum, gpus=gpus, seed=seed, sandbox=None if sandbox else False)
+    run_node(config, say=_status_line)
+
+
+@app.command("status")
+def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
+    """What the node in this home is doing now: each worker's experiment and progress, head, peers, ledger.
+
+    Example: swarm status --home ~/.research-swarm
+    """
+    from node.home import resolve_home
+    from node.node import node_status
+
+    status = node_status(resolve_home(home))
+    if as_json:
+        print(json.dumps(status))
+        return
+    for worker in status["workers"]:
+        table = Table(title=f"{worker['worker']} ({worker.get('profile')})", show_header=False)
+        progress = worker.get("progress")
+        table.add_row("doing", str(worker.get("doing")) + (f"  {progress:.0%}" if progress is not None else ""))
+        table.add_row("head", f"{(worker.get('head') or '-')[:16]}  val_bpb {worker.get('head_val_bpb') or '-'}")
+        table.add_row("noise margin", str(worker.get("margin")))
+        table.add_row("steps", str(worker.get("steps")))
+        table.add_row("updated", f"{status['now'] - worker['updated']:.0f} s ago")
+        console.print(table)
+    network = status["network"]
+    if network:
+        console.print(f"network: {len(network['connected'])} peers connected, {network['facts']} facts held "
+                      f"({network['peer_id']})")
+    ledger = status["ledger"]
+    if ledger:
+        console.print(f"ledger: {ledger.get('path')}: " + ", ".join(
+            f"{k} {v}" for k, v in ledger.items() if isinstance(v, int) and not isinstance(v, bool)))
+
+
 def main() -> None:
     """Entry point of the `swarm` console script."""
     try:

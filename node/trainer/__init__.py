@@ -9,11 +9,17 @@ from pathlib import Path
 from node.trainer.data import TokenData, prepare_data
 from node.trainer.errors import TrainerError
 from node.trainer.profiles import PROFILES, Profile, get_profile
-from node.trainer.runner import RunResult, harness_sha256, run_experiment
+from node.trainer.runner import (
+    RunCancelled,
+    RunResult,
+    harness_sha256,
+    require_device,
+    run_experiment,
+)
 
 BASELINE_TRAIN_PY = Path(__file__).with_name("train.py")
 
 __all__ = [
-    "BASELINE_TRAIN_PY", "PROFILES", "Profile", "RunResult", "TokenData", "TrainerError",
-    "get_profile", "harness_sha256", "prepare_data", "run_experiment",
+    "BASELINE_TRAIN_PY", "PROFILES", "Profile", "RunCancelled", "RunResult", "TokenData", "TrainerError",
+    "get_profile", "harness_sha256", "prepare_data", "require_device", "run_experiment",
 ]

@@ -17,6 +17,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -40,6 +41,10 @@ LOG_TAIL_LINES = 40
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12}
 Event = dict
 OnEvent = Callable[[Event], None]
+
+
+class RunCancelled(TrainerError):
+    """The run was stopped from outside (the node is shutting down): there is no result."""
 
 
 def harness_sha256() -> str:
@@ -116,11 +121,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: Path, seed: int = 0,
-                   on_event: OnEvent = lambda _: None, sandbox: bool | None = None) -> RunResult:
+                   on_event: OnEvent = lambda _: None, sandbox: bool | None = None,
+                   cancel: threading.Event | None = None, gpu: int | None = None) -> RunResult:
     """Run `train_py` once under `profile` and return what the harness measured.
 
     The source passes the static policy first (a version that fails never runs). `sandbox`:
     True requires bubblewrap, False runs without it, None uses it where the machine has it.
+    `cancel` set while it runs ends the run and raises RunCancelled (a stop, not a result);
+    `gpu` picks one CUDA device for the run.
     """
     try:
         source = train_py.read_bytes()
@@ -153,6 +161,8 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
                              "PYTHONPATH": str(package.parent)})
     if profile.threads:
         env["OMP_NUM_THREADS"] = str(profile.threads)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     cmd = [sys.executable, "-m", "node.trainer.harness", str(run_dir / "config.json")]
     if use_sandbox:
         cmd = bwrap_command(cmd, run_dir, [package, data.train_path, data.val_path, data.token_bytes_path],
@@ -166,7 +176,7 @@ def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: P
         )
     os.close(write_fd)
     try:
-        outcome = _watch(proc, read_fd, profile, started, on_event)
+        outcome = _watch(proc, read_fd, profile, started, on_event, cancel)
     finally:
         os.close(read_fd)
         _kill_group(proc)
@@ -196,13 +206,17 @@ def _refused(violations: list, base: dict) -> RunResult:
                      peak_memory_mb=None, mfu=None, error=f"refused by the policy: {shown}", **base)
 
 
-def _watch(proc: subprocess.Popen, read_fd: int, profile: Profile, started: float, on_event: OnEvent) -> dict:
+def _watch(proc: subprocess.Popen, read_fd: int, profile: Profile, started: float, on_event: OnEvent,
+           cancel: threading.Event | None) -> dict:
     """Follow the harness's events with the runner's own clock until the process ends or is killed."""
     seen: dict = {}
     phase, phase_start, buffer = "startup", started, b""
     limits = {"startup": profile.startup_seconds, "train": profile.budget_seconds + profile.grace_seconds,
               "eval": profile.eval_seconds}
     while True:
+        if cancel is not None and cancel.is_set():
+            _kill_group(proc)
+            raise RunCancelled(f"run cancelled during {phase}")
         now = time.monotonic()
         if now - phase_start > limits[phase]:
             _kill_group(proc)

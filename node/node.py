@@ -1,0 +1,187 @@
+"""The node behind `swarm join`: gossip, research workers and one ledger, wired together.
+
+Gossip runs in a thread of its own (trio stays inside `node.gossip`). Each research worker runs
+in a thread of its own with its own ledger connection: one per GPU, or one on the CPU. They share
+only the ledger file: a worker's signed facts enter it, and the gossip layer sends on what this
+node authored. A stop ends the current run (no result is made of it) and leaves the ledger
+consistent; a restart resumes from the ledger.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.errors import SwarmError
+from node.home import data_dir
+from node.identity import load_identity
+
+log = logging.getLogger(__name__)
+STATUS_DIR = "status"  # HOME/status/worker-N.json, written by each worker as it goes
+IDLE_AFTER_REFUSALS = 3  # refused steps in a row before a worker waits for news
+IDLE_SECONDS = 30.0
+
+
+class NodeError(SwarmError):
+    """The node cannot start as asked: the message says what to change."""
+
+
+@dataclass
+class NodeConfig:
+    home: Path
+    bootstrap: list[str] = field(default_factory=list)
+    listen: str = "/ip4/0.0.0.0/tcp/0"
+    profile: str = "cpu"
+    data: str | None = None  # replaces the profile's data, as `swarm run --data`
+    campaign: str = "default"
+    model: str | None = None  # a litellm model name; None: the offline proposer
+    api_base: str | None = None
+    max_cost_usd: float = 5.0
+    quorum: int = 1
+    verify_every: int = 4
+    noise_runs: int = 2
+    gpus: str = "all"  # "all" or how many GPUs to use, one worker each
+    seed: int = 0
+    sandbox: bool | None = None  # None: required; False only when the user says so
+
+
+def worker_devices(profile_device: str, gpus: str) -> list[int | None]:
+    """One entry per research worker: a CUDA device index, or None for the CPU."""
+    if profile_device != "cuda":
+        return [None]
+    import torch
+
+    count = torch.cuda.device_count()
+    wanted = count if gpus == "all" else int(gpus)
+    if not 1 <= wanted <= count:
+        raise NodeError(f"--gpus {gpus}: this machine has {count} CUDA GPU(s); pass 'all' or 1 to {count}")
+    return list(range(wanted))
+
+
+def _program_text() -> str:
+    path = Path(__file__).resolve().parents[1] / "program.md"
+    return path.read_text() if path.is_file() else ""
+
+
+def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None) -> None:
+    """Join the swarm and research until `stop` is set or Ctrl-C."""
+    from node.gossip import GossipConfig, run_peer
+    from node.trainer import get_profile, prepare_data, require_device
+    from node.trainer.sandbox import sandbox_available
+
+    home = Path(config.home)
+    identity = load_identity(home)
+    profile = get_profile(config.profile, config.data)
+    require_device(profile)
+    if config.sandbox is not False and not sandbox_available():
+        raise NodeError("no sandbox (bubblewrap) on this machine, and a node runs its peers' train.py: install "
+                        "bubblewrap (apt-get install bubblewrap), or pass --no-sandbox only in a group you trust")
+    devices = worker_devices(profile.device, config.gpus)
+    tokens = prepare_data(profile, data_dir(home), say)
+    stop = stop or threading.Event()
+    say(f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
+        f"{len(devices)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}")
+
+    failures: list[BaseException] = []
+
+    def gossip() -> None:
+        try:
+            run_peer(GossipConfig(home, config.listen, config.bootstrap, config.campaign),
+                     on_ready=lambda addrs: say("listening on " + " ".join(addrs)), stop=stop)
+        except BaseException as exc:  # the node cannot live without its network: stop it all
+            failures.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=gossip, name="gossip", daemon=True)]
+    threads += [threading.Thread(target=_work, args=(config, index, device, tokens, stop, failures),
+                                 name=f"worker-{index}", daemon=True)
+                for index, device in enumerate(devices)]
+    def on_signal(signum: int, _frame) -> None:  # Ctrl-C or a service manager's stop
+        say(f"stopping ({signal.Signals(signum).name}): ending the current run")
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, on_signal)
+    for thread in threads:
+        thread.start()
+    while not stop.is_set():
+        stop.wait(0.5)
+    for thread in threads:
+        thread.join(timeout=30)
+    if failures:
+        raise failures[0]
+
+
+def _work(config: NodeConfig, index: int, device: int | None, tokens, stop: threading.Event,
+          failures: list[BaseException]) -> None:
+    """One research worker: its own ledger connection and proposer, step after step until stopped."""
+    from node.agent import AgentError, LLMProposer, OfflineProposer
+    from node.agent.researcher import Researcher
+    from node.ledger import Ledger, ledger_path
+    from node.trainer import BASELINE_TRAIN_PY, RunCancelled, get_profile, run_experiment
+
+    home = Path(config.home)
+    profile = get_profile(config.profile, config.data)
+    seed = config.seed * 1000 + index
+    if config.model:
+        proposer = LLMProposer(config.model, config.api_base, config.max_cost_usd,
+                               spent_path=home / "llm-spend.json")
+    else:
+        proposer = OfflineProposer(seed=seed)
+    run = functools.partial(run_experiment, sandbox=config.sandbox is not False, cancel=stop, gpu=device)
+    try:
+        with Ledger(ledger_path(home), campaign=config.campaign) as ledger:
+            researcher = Researcher(
+                ledger, load_identity(home), proposer, profile, tokens, home / "runs" / f"worker-{index}",
+                BASELINE_TRAIN_PY.read_text(), quorum=config.quorum, program=_program_text(),
+                verify_every=config.verify_every, noise_runs=config.noise_runs, seed=seed, run=run,
+                status_path=home / STATUS_DIR / f"worker-{index}.json",
+            )
+            refusals = 0
+            while not stop.is_set():
+                try:
+                    step = researcher.step()
+                except AgentError as exc:
+                    log.warning("worker %d: %s", index, exc)
+                    stop.wait(IDLE_SECONDS)
+                    continue
+                refusals = refusals + 1 if getattr(step, "outcome", None) == "refused" else 0
+                if refusals >= IDLE_AFTER_REFUSALS:  # nothing new to try: wait for the swarm
+                    stop.wait(IDLE_SECONDS)
+    except RunCancelled:
+        return
+    except BaseException as exc:
+        failures.append(exc)
+        stop.set()
+
+
+def node_status(home: Path) -> dict:
+    """What the node in `home` is doing: its workers, its network, its ledger."""
+    from node.gossip import GossipError, read_status
+    from node.ledger import Ledger, ledger_path
+
+    workers = []
+    for path in sorted((Path(home) / STATUS_DIR).glob("worker-*.json")):
+        try:
+            workers.append({"worker": path.stem, "updated": path.stat().st_mtime, **json.loads(path.read_text())})
+        except (OSError, ValueError):
+            continue
+    try:
+        network = read_status(home)
+    except GossipError:
+        network = None
+    ledger = {}
+    if ledger_path(home).is_file():
+        with Ledger(ledger_path(home), readonly=True) as book:
+            ledger = book.summary()
+    if not workers and network is None and not ledger:
+        raise NodeError(f"no node in {home}: start one with `swarm join --home {home} --bootstrap ADDR`")
+    return {"home": str(home), "now": time.time(), "workers": workers, "network": network, "ledger": ledger}

@@ -1,0 +1,123 @@
+"""`swarm join` as a volunteer runs it: a real bootstrap and a real node in separate processes on
+loopback, researching on the `test` profile; `swarm status` while it runs; a clean stop; a resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from node.trainer.sandbox import sandbox_available
+
+CAMPAIGN = "node-test"
+
+
+class Process:
+    """A `swarm` command in its own process, its output collected as it comes."""
+
+    def __init__(self, *args: str, env: dict) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "node.cli", *args], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, "".join(self.lines).replace("\n", ""))
+            if found:
+                return found
+            assert self.proc.poll() is None, "".join(self.lines)
+            time.sleep(0.2)
+        raise AssertionError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines)}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                return self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                raise
+        return self.proc.returncode
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def count(db: Path, sql: str) -> int:
+    if not db.exists():
+        return 0
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        try:
+            return conn.execute(sql).fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0
+
+
+def runs_of_the_node(home: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(home) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)")
+def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, test_data, data_cache):
+    env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
+    boot_home, home = tmp_path / "bootstrap", tmp_path / "node"
+    boot = Process("bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0", "--campaign", CAMPAIGN,
+                   "--home", str(boot_home), env=env)
+    join_args = ("join", "--bootstrap", None, "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "test",
+                 "--campaign", CAMPAIGN, "--home", str(home))
+    node = None
+    try:
+        address = boot.wait_for(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", 60).group(1)
+        args = [a if a is not None else address for a in join_args]
+        node = Process(*args, env=env)
+        # Two baseline runs measure the noise, then each research step publishes a signed result,
+        # which the gossip layer carries to the bootstrap's ledger.
+        wait_until(lambda: count(boot_home / "ledger.db", "SELECT COUNT(*) FROM results") >= 1, 240,
+                   "a result reaches the bootstrap")
+        status = json.loads(subprocess.run([sys.executable, "-m", "node.cli", "status", "--home", str(home), "--json"],
+                                           env=env, capture_output=True, text=True, timeout=60).stdout)
+        worker = status["workers"][0]
+        assert worker["profile"] == "test" and worker["margin"] > 0 and worker["steps"] >= 1
+        assert worker["head"] and len(status["network"]["connected"]) >= 1
+        assert node.stop() == 0
+        assert "stopping (SIGINT): ending the current run" in "".join(node.lines).replace("\n", "")
+        assert not runs_of_the_node(home)  # the run in flight was ended with the node
+        with sqlite3.connect(home / "ledger.db") as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        noise_runs = count(home / "ledger.db", "SELECT COUNT(*) FROM runs WHERE description = 'noise'")
+        steps_before = count(home / "ledger.db", "SELECT COUNT(*) FROM facts")
+        assert noise_runs == 2 and steps_before >= 1
+
+        node = Process(*args, env=env)  # a restart resumes: no new noise runs, more experiments
+        wait_until(lambda: count(home / "ledger.db", "SELECT COUNT(*) FROM facts") > steps_before, 240,
+                   "a new experiment after the restart")
+        assert count(home / "ledger.db", "SELECT COUNT(*) FROM runs WHERE description = 'noise'") == 2
+    finally:
+        for process in (node, boot):
+            if process is not None:
+                process.stop()
