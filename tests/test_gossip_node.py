@@ -85,7 +85,10 @@ def test_bad_addresses_are_one_line_errors(tmp_path: Path) -> None:
     bad_listen = _swarm("bootstrap", "--listen", "/ip4/127.0.0.1/tcp/notaport", "--home", str(tmp_path))
     no_peer_id = _swarm("peer", "--campaign", "c", "--bootstrap", "/ip4/127.0.0.1/tcp/1",
                         "--listen", "/ip4/127.0.0.1/tcp/0", "--home", str(tmp_path))  # fmt: skip
-    for run, words in ((bad_listen, "not a multiaddr"), (no_peer_id, "lacks /p2p/")):
+    bad_campaign = _swarm("peer", "--campaign", "two words", "--listen", "/ip4/127.0.0.1/tcp/0",
+                          "--home", str(tmp_path))  # fmt: skip
+    for run, words in ((bad_listen, "not a multiaddr"), (no_peer_id, "lacks /p2p/"),
+                       (bad_campaign, "not a campaign name")):  # fmt: skip
         assert run.returncode == 1, run.stderr
         assert words in run.stderr and "Traceback" not in run.stderr
         assert len(run.stderr.strip().splitlines()) <= 2  # rich may wrap one long line

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from node.ledger import Ledger
 
 log = logging.getLogger("swarm.gossip")
 STATUS_FILE = "gossip.json"  # inside the node's home: what `swarm peers` shows
+_CAMPAIGN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # as wire.decode checks it
 
 
 class GossipError(SwarmError):
@@ -179,6 +181,9 @@ class GossipNode:
         for text in config.bootstrap:
             info = info_from_p2p_addr(parse_multiaddr(text, need_peer_id=True))
             self.book.add(info.peer_id.to_base58(), [str(a) for a in info.addrs], bootstrap=True)
+        if config.campaign is not None and not _CAMPAIGN.match(config.campaign):
+            raise GossipError(f"{config.campaign!r} is not a campaign name: letters, digits, "
+                              "'.', '_' or '-', at most 64, starting with a letter or digit")  # fmt: skip
         self.listen = parse_multiaddr(config.listen)
         self.topic = topic_for(config.campaign) if config.campaign else None
         self.counts = dict.fromkeys(("accepted", "rejected", "published", "synced", "fetched",
