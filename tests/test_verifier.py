@@ -56,6 +56,21 @@ def test_a_node_verifies_open_claims_of_others_most_promising_first():
     ]  # fmt: skip
 
 
+def test_claims_on_the_frontier_come_first_so_a_chain_can_be_adopted_from_the_baseline():
+    def claim(rid, parent, child, bpb, author="bob"):
+        return {**row(rid, author, bpb), "parent": parent, "child": child}
+
+    results = [
+        claim("deep", "v1", "v2", 1.10),  # the best claim, but built on an unverified win
+        claim("first", "base", "v1", 1.30),  # the win it rests on, made on the baseline
+        claim("side", "base", "v3", 1.40, author="carol"),
+    ]
+    picked = claims_to_verify(results, [], "me", "test", "h", baseline="base")
+    assert [r["id"] for r in picked] == ["first", "side", "deep"]
+    once_first_is_verified = claims_to_verify(results, [vote("first", "carol")], "me", "test", "h", baseline="base")
+    assert [r["id"] for r in once_first_is_verified] == ["deep", "side"]  # v1 is now on the frontier
+
+
 @pytest.fixture
 def book(tmp_path):
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:

@@ -171,7 +171,8 @@ class Researcher:
 
     def _verify_one(self) -> Verified | None:
         claims = ledger_claims_to_verify(
-            self.ledger, self.me.peer_id, self.profile.name, self.harness, self.quorum, limit=3
+            self.ledger, self.me.peer_id, self.profile.name, self.harness, self.quorum, limit=3,
+            baseline=self.baseline,
         )
         for claim in claims:
             parent_scores = self.own_scores(claim["parent"])

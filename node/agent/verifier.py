@@ -25,30 +25,39 @@ Run = Callable[..., RunResult]
 
 def claims_to_verify(
     results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], me: str,
-    profile: str, harness: str, quorum: int = 1, limit: int = 5,
+    profile: str, harness: str, quorum: int = 1, limit: int = 5, baseline: str | None = None,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
     """Kept claims of other peers on `profile`, measured with this node's `harness`, that this
-    node has not judged yet and the quorum has neither verified nor refuted: the lowest claimed
-    val_bpb first (the likeliest next heads), ties by id. Pure: no I/O."""
+    node has not judged yet and the quorum has neither verified nor refuted. The frontier first:
+    claims built on the `baseline` or on a verified child, since only those can become the head
+    (a win on an unverified parent waits for its parent); then the lowest claimed val_bpb (the
+    likeliest next heads), ties by id. Pure: no I/O."""
+    results = [r for r in results if r["profile"] == profile and r["outcome"] == "keep"]
     claims = [
         r
         for r in results
-        if r["profile"] == profile and r["harness"] == harness and r["outcome"] == "keep"
-        and r["author"] != me and r["val_bpb"] is not None
+        if r["harness"] == harness and r["author"] != me and r["val_bpb"] is not None
     ]  # fmt: skip
     verifications = list(verifications)
+    verified_all = consensus.verified_children(
+        [r for r in results if r["harness"] == harness], verifications, quorum
+    )
+    by_id = {r["id"]: r for r in results}
+    frontier = {baseline} | {by_id[rid]["child"] for rid in verified_all}
     judged = {v["result"] for v in verifications if v["author"] == me}
     settled = set(consensus.verified_children(claims, verifications, quorum))
     refuted = consensus.refuted_claims(claims, verifications, quorum)
     open_claims = {
         r["id"]: r for r in claims if r["id"] not in judged | settled | refuted
     }  # one per id, whatever the order of arrival
-    return sorted(open_claims.values(), key=lambda r: (r["val_bpb"], r["id"]))[:limit]
+    ranked = sorted(open_claims.values(), key=lambda r: (r["parent"] not in frontier, r["val_bpb"], r["id"]))
+    return ranked[:limit]
 
 
 def ledger_claims_to_verify(
-    ledger: Ledger, me: str, profile: str, harness: str, quorum: int = 1, limit: int = 5
-) -> list[Mapping[str, Any]]:
+    ledger: Ledger, me: str, profile: str, harness: str, quorum: int = 1, limit: int = 5,
+    baseline: str | None = None,
+) -> list[Mapping[str, Any]]:  # fmt: skip
     """`claims_to_verify` over the ledger's results and verifications on `profile`."""
     results = ledger.rows(
         "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description "
@@ -59,7 +68,7 @@ def ledger_claims_to_verify(
         "SELECT result, author, verdict, profile, harness FROM verifications WHERE profile = ?",
         (profile,),
     )
-    return claims_to_verify(results, verifications, me, profile, harness, quorum, limit)
+    return claims_to_verify(results, verifications, me, profile, harness, quorum, limit, baseline)
 
 
 @dataclass(frozen=True)
