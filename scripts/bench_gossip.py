@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -88,6 +89,7 @@ def main() -> None:
     parser.add_argument("--facts", type=int, default=10, help="results each node publishes")
     parser.add_argument("--every", type=float, default=2.0, help="seconds between a node's results")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle measurement")
+    parser.add_argument("--keep", action="store_true", help="keep the nodes' homes (logs, ledgers)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-gossip-"))
     homes = [base / f"n{i}" for i in range(args.nodes)]
@@ -149,6 +151,10 @@ def main() -> None:
         for proc in procs:
             proc.kill()
             proc.wait()
+        if args.keep:
+            print(f"homes kept in {base}", file=sys.stderr)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

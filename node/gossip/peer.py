@@ -33,11 +33,12 @@ from node import wire
 from node.errors import SwarmError
 from node.gossip import protocols
 from node.gossip.limits import Limits, PeerBook
-from node.identity import Identity
+from node.identity import Identity, peer_id_from_public_key
 from node.ledger import Ledger
 
 log = logging.getLogger("swarm.gossip")
 STATUS_FILE = "gossip.json"  # inside the node's home: what `swarm peers` shows
+_SIGNED_REASONS = (wire.Reason.replay, wire.Reason.seq_backwards, wire.Reason.future_time)
 _CAMPAIGN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # as wire.decode checks it
 
 
@@ -275,8 +276,7 @@ class GossipNode:
             log.warning("ledger refused a write: %s", exc)
             return False
         if isinstance(result, wire.Rejection):
-            self.counts["rejected"] += 1
-            self._penalise(peer, self.limits.invalid_penalty, result.reason.value)
+            self.reject(result, peer)
             return False
         self.counts["accepted"] += 1
         self._want_content(result, peer)
@@ -298,6 +298,16 @@ class GossipNode:
         log.info("junk from %s: %s", peer_id, type(exc).__name__)
         points = self.limits.junk_penalty if serious else self.limits.invalid_penalty
         self._penalise(peer_id.to_base58(), points, "junk")
+
+    def reject(self, rejection: wire.Rejection, deliverer: str) -> None:
+        """Count a refused fact and charge whoever is to blame for it."""
+        self.counts["rejected"] += 1
+        blame = deliverer
+        if rejection.reason in _SIGNED_REASONS and rejection.author:
+            # The author signed it (a reused seq, a stale head, a clock far ahead): an honest
+            # relay cannot tell, so the author pays, not the peer that passed it on.
+            blame = peer_id_from_public_key(rejection.author)
+        self._penalise(blame, self.limits.invalid_penalty, rejection.reason.value)
 
     def _on_bad_signature(self, peer_id: ID) -> None:
         self.counts["rejected"] += 1

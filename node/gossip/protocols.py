@@ -103,14 +103,12 @@ async def sync_with(node: GossipNode, peer: str) -> int:
                     break
                 received += len(batch)
                 results = node.ledger.ingest_many(batch, from_peer=peer)
-                bad = sum(isinstance(r, wire.Rejection) for r in results)
-                for fact in results:
-                    if isinstance(fact, wire.Fact):
+                for item in results:
+                    if isinstance(item, wire.Fact):
                         new += 1
-                        node._want_content(fact, peer)
-                if bad:
-                    node.counts["rejected"] += bad
-                    node._penalise(peer, bad * node.limits.invalid_penalty, "sync")
+                        node._want_content(item, peer)
+                    else:
+                        node.reject(item, peer)
         await stream.close()
     except Exception as exc:
         log.info("sync with %s: %s", peer, exc)
