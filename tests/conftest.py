@@ -74,3 +74,16 @@ def test_data(data_cache):
     from node.trainer import get_profile, prepare_data
 
     return prepare_data(get_profile("test"), data_cache)
+
+
+def wait_until(predicate, what: str, timeout: float = 60.0, every: float = 0.2):
+    """Poll `predicate` until it returns something true (returned), or fail after `timeout` s."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -12,26 +12,16 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = "gossip-test"
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 DEADLINE = 60.0  # seconds for anything that takes one or two on an idle machine
-
-
-def wait_until(predicate: Callable[[], object], what: str, timeout: float = DEADLINE) -> object:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def publish_into(home: Path, n: int) -> str:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 from node.trainer.sandbox import sandbox_available
 
@@ -49,16 +50,6 @@ class Process:
                 self.proc.kill()
                 raise
         return self.proc.returncode
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def count(db: Path, sql: str) -> int:
@@ -97,8 +88,8 @@ def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, tes
         node = Process(*args, env=env)
         # Two baseline runs measure the noise, then each research step publishes a signed result,
         # which the gossip layer carries to the bootstrap's ledger.
-        wait_until(lambda: count(boot_home / "ledger.db", "SELECT COUNT(*) FROM results") >= 1, 240,
-                   "a result reaches the bootstrap")
+        wait_until(lambda: count(boot_home / "ledger.db", "SELECT COUNT(*) FROM results") >= 1,
+                   "a result reaches the bootstrap", timeout=240)
         status = json.loads(subprocess.run([sys.executable, "-m", "node.cli", "status", "--home", str(home), "--json"],
                                            env=env, capture_output=True, text=True, timeout=60).stdout)
         worker = status["workers"][0]
@@ -114,8 +105,8 @@ def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, tes
         assert noise_runs == 2 and steps_before >= 1
 
         node = Process(*args, env=env)  # a restart resumes: no new noise runs, more experiments
-        wait_until(lambda: count(home / "ledger.db", "SELECT COUNT(*) FROM facts") > steps_before, 240,
-                   "a new experiment after the restart")
+        wait_until(lambda: count(home / "ledger.db", "SELECT COUNT(*) FROM facts") > steps_before,
+                   "a new experiment after the restart", timeout=240)
         assert count(home / "ledger.db", "SELECT COUNT(*) FROM runs WHERE description = 'noise'") == 2
     finally:
         for process in (node, boot):
