@@ -70,7 +70,7 @@ def data_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def test_data(data_cache):
+def small_data(data_cache):
     from node.trainer import get_profile, prepare_data
 
     return prepare_data(get_profile("test"), data_cache)

@@ -82,18 +82,18 @@ def test_a_file_that_is_not_a_debian_package_is_refused():
         _deb_data(b"PK\x03\x04 not an ar archive")
 
 
-def test_the_small_corpus_builds_with_disjoint_splits_and_a_manifest(test_data, data_cache):
+def test_the_small_corpus_builds_with_disjoint_splits_and_a_manifest(small_data, data_cache):
     manifest = (data_cache / "corpus" / "small" / "manifest.json")
     assert manifest.exists()
-    assert test_data.manifest["val_tokens"] > 50_000 and test_data.manifest["train_tokens"] > 1_000_000
-    assert test_data.manifest["vocab_size"] == get_profile("test").vocab_size
+    assert small_data.manifest["val_tokens"] > 50_000 and small_data.manifest["train_tokens"] > 1_000_000
+    assert small_data.manifest["vocab_size"] == get_profile("test").vocab_size
     train = set((data_cache / "corpus" / "small" / "train.txt").read_text().split("\0")[:300])
     val = set((data_cache / "corpus" / "small" / "val.txt").read_text().split("\0"))
     assert val and not (train & val)
-    tokens = np.fromfile(test_data.val_path, dtype=np.uint16)
-    assert tokens[0] == test_data.manifest["bos_id"] and tokens.max() < test_data.manifest["vocab_size"]
+    tokens = np.fromfile(small_data.val_path, dtype=np.uint16)
+    assert tokens[0] == small_data.manifest["bos_id"] and tokens.max() < small_data.manifest["vocab_size"]
     again = prepare_data(get_profile("test"), data_cache)
-    assert again.sha256 == test_data.sha256
+    assert again.sha256 == small_data.sha256
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,9 +40,9 @@ def book(tmp_path):
         yield ledger
 
 
-def test_a_win_is_kept_published_signed_and_becomes_the_head(book, alice, tmp_path, test_data):
+def test_a_win_is_kept_published_signed_and_becomes_the_head(book, alice, tmp_path, small_data):
     head = Head(BASELINE, val_bpb=99.0)  # any trained model beats this by more than the margin
-    step = research_step(book, alice, OfflineProposer(1), head, 0.01, FAST, test_data, tmp_path)
+    step = research_step(book, alice, OfflineProposer(1), head, 0.01, FAST, small_data, tmp_path)
     assert step.outcome == "keep", step.reason
     child = step.head.sha256
     assert child != head.sha256 and step.head.val_bpb == step.run.val_bpb
@@ -63,19 +63,19 @@ def test_a_win_is_kept_published_signed_and_becomes_the_head(book, alice, tmp_pa
 
 
 def test_a_gain_within_the_margin_is_discarded_but_still_published(
-    book, alice, tmp_path, test_data
+    book, alice, tmp_path, small_data
 ):
     head = Head(BASELINE, val_bpb=0.5)  # no run on this profile gets near it
-    step = research_step(book, alice, OfflineProposer(2), head, 0.01, FAST, test_data, tmp_path)
+    step = research_step(book, alice, OfflineProposer(2), head, 0.01, FAST, small_data, tmp_path)
     assert step.outcome == "discard" and step.head == head
     assert step.fact.body["outcome"] == "discard" and step.fact.body["metrics"]["val_bpb"] > 0.5
 
 
-def test_a_crashing_change_is_published_as_a_crash(book, alice, tmp_path, test_data):
+def test_a_crashing_change_is_published_as_a_crash(book, alice, tmp_path, small_data):
     broken = BASELINE.replace("S = session()\n", "S = session()\nraise RuntimeError('boom')\n")
     proposer = Scripted(Proposal("a change that crashes", broken))
     step = research_step(
-        book, alice, proposer, Head(BASELINE, 3.0), 0.01, FAST, test_data, tmp_path
+        book, alice, proposer, Head(BASELINE, 3.0), 0.01, FAST, small_data, tmp_path
     )
     assert step.outcome == "crash" and "exited with code 1" in step.reason
     assert step.fact.body["outcome"] == "crash" and step.fact.body["metrics"]["val_bpb"] is None

@@ -74,7 +74,7 @@ def runs_of_the_node(home: Path) -> list[int]:
 
 
 @pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)")
-def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, test_data, data_cache):
+def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, small_data, data_cache):
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
     boot_home, home = tmp_path / "bootstrap", tmp_path / "node"
     boot = Process("bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0", "--campaign", CAMPAIGN,

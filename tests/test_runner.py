@@ -27,9 +27,9 @@ def run_source(tmp_path, source: str, profile=FAST, data=None, seed: int = 0):
     return run_experiment(script, profile, data, tmp_path / "run", seed=seed)
 
 
-def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, test_data):
+def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, small_data):
     events = []
-    result = run_experiment(BASELINE_TRAIN_PY, get_profile("test"), test_data, tmp_path / "run", seed=1,
+    result = run_experiment(BASELINE_TRAIN_PY, get_profile("test"), small_data, tmp_path / "run", seed=1,
                             on_event=events.append)
     assert result.outcome == "ok", result.log_tail
     assert math.isfinite(result.val_bpb) and 1.0 < result.val_bpb < 8.0
@@ -45,61 +45,61 @@ def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, t
     assert (tmp_path / "run" / "result.json").exists() and (tmp_path / "run" / "log.txt").exists()
 
 
-def test_an_untrained_model_scores_worse_than_a_trained_one(tmp_path, test_data):
+def test_an_untrained_model_scores_worse_than_a_trained_one(tmp_path, small_data):
     loop = "for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):"
     untrained = BASELINE_TRAIN_PY.read_text().replace(loop, loop + "\n    continue")
-    result = run_source(tmp_path, untrained, data=test_data)
-    trained = run_experiment(BASELINE_TRAIN_PY, FAST, test_data, tmp_path / "trained")
+    result = run_source(tmp_path, untrained, data=small_data)
+    trained = run_experiment(BASELINE_TRAIN_PY, FAST, small_data, tmp_path / "trained")
     assert result.outcome == trained.outcome == "ok"
     assert result.val_bpb > trained.val_bpb + 0.5
 
 
-def test_a_crashing_train_py_ends_as_crash_with_its_log_tail(tmp_path, test_data):
-    result = run_source(tmp_path, PRELUDE + "print('about to fail')\nraise ValueError('boom in train.py')\n", data=test_data)
+def test_a_crashing_train_py_ends_as_crash_with_its_log_tail(tmp_path, small_data):
+    result = run_source(tmp_path, PRELUDE + "print('about to fail')\nraise ValueError('boom in train.py')\n", data=small_data)
     assert result.outcome == "crash" and result.val_bpb is None
     assert "exited with code 1" in result.error
     assert "ValueError: boom in train.py" in result.log_tail and "about to fail" in result.log_tail
 
 
-def test_a_train_py_that_hangs_before_training_is_killed_at_the_startup_limit(tmp_path, test_data):
+def test_a_train_py_that_hangs_before_training_is_killed_at_the_startup_limit(tmp_path, small_data):
     profile = dataclasses.replace(FAST, startup_seconds=3)
     began = time.monotonic()
     result = run_source(tmp_path, PRELUDE + "print('waiting', flush=True)\nwhile True:\n    pass\n",
-                        profile=profile, data=test_data)
+                        profile=profile, data=small_data)
     assert time.monotonic() - began < 20
     assert result.outcome == "crash" and "startup ran past its limit" in result.error
     assert "waiting" in result.log_tail
 
 
-def test_a_train_py_that_ignores_the_budget_is_killed_at_budget_plus_grace(tmp_path, test_data):
+def test_a_train_py_that_ignores_the_budget_is_killed_at_budget_plus_grace(tmp_path, small_data):
     source = PRELUDE + (
         "import torch\nfor i, (x, y) in enumerate(S.batches(4)):\n"
         "    if i == 5:\n        while True:\n            torch.randn(64, 64) @ torch.randn(64, 64)\n")
     began = time.monotonic()
-    result = run_source(tmp_path, source, data=test_data)
+    result = run_source(tmp_path, source, data=small_data)
     elapsed = time.monotonic() - began
     assert result.outcome == "crash" and "train ran past its limit" in result.error
     assert FAST.budget_seconds + FAST.grace_seconds <= elapsed < 30
 
 
-def test_a_model_that_diverges_to_nan_ends_as_crash(tmp_path, test_data):
+def test_a_model_that_diverges_to_nan_ends_as_crash(tmp_path, small_data):
     source = PRELUDE + (
         "import torch\nclass NaNModel(torch.nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.w = torch.nn.Parameter(torch.zeros(1))\n"
         "    def forward(self, idx):\n"
         "        return torch.full((*idx.shape, S.vocab_size), float('nan')) * self.w\n"
         "for x, y in S.batches(4):\n    pass\nS.finish(NaNModel())\n")
-    result = run_source(tmp_path, source, data=test_data)
+    result = run_source(tmp_path, source, data=small_data)
     assert result.outcome == "crash" and "nan" in result.error.lower() and result.val_bpb is None
 
 
-def test_a_train_py_that_never_hands_over_its_model_gets_no_score(tmp_path, test_data):
+def test_a_train_py_that_never_hands_over_its_model_gets_no_score(tmp_path, small_data):
     result = run_source(tmp_path, PRELUDE + "for x, y in S.batches(4):\n    pass\nprint('val_bpb: 0.001')\n",
-                        data=test_data)
+                        data=small_data)
     assert result.outcome == "crash" and result.val_bpb is None
     assert "finish" in result.error + result.log_tail
 
 
-def test_a_missing_train_py_is_a_clear_error(tmp_path, test_data):
+def test_a_missing_train_py_is_a_clear_error(tmp_path, small_data):
     with pytest.raises(TrainerError, match="cannot read"):
-        run_experiment(tmp_path / "absent.py", FAST, test_data, tmp_path / "run")
+        run_experiment(tmp_path / "absent.py", FAST, small_data, tmp_path / "run")

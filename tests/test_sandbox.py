@@ -71,10 +71,10 @@ def test_oversized_and_unparsable_versions_are_refused():
     assert "does not parse" in str(check_source("def broken(:\n")[0])
 
 
-def test_a_refused_version_never_runs_and_its_result_says_why(tmp_path, test_data):
+def test_a_refused_version_never_runs_and_its_result_says_why(tmp_path, small_data):
     script = tmp_path / "train.py"
     script.write_text(HEAD + ATTACKS["spawns a subprocess"])
-    result = run_experiment(script, get_profile("test"), test_data, tmp_path / "run")
+    result = run_experiment(script, get_profile("test"), small_data, tmp_path / "run")
     assert result.outcome == "crash" and result.val_bpb is None
     assert result.error.startswith("refused by the policy: line 4: import of 'subprocess'")
     assert not (tmp_path / "run" / "log.txt").exists()  # no process was started
@@ -108,7 +108,7 @@ print(json.dumps(found))
 
 
 @pytest.mark.skipif(not sandbox_available(), reason="bubblewrap is not installed (scripts/setup installs it as root)")
-def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(tmp_path, test_data, monkeypatch):
+def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(tmp_path, small_data, monkeypatch):
     home, outside, work = tmp_path / "home", tmp_path / "outside", tmp_path / "run"
     for folder in (home, outside, work):
         folder.mkdir()
@@ -118,8 +118,8 @@ def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(tmp_path, t
     accepted = []
     threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
     (work / "probe.py").write_text(PROBE)
-    cmd = bwrap_command([sys.executable, str(work / "probe.py"), str(home), str(outside), str(test_data.val_path),
-                         str(server.getsockname()[1])], work, [test_data.val_path], "cpu")
+    cmd = bwrap_command([sys.executable, str(work / "probe.py"), str(home), str(outside), str(small_data.val_path),
+                         str(server.getsockname()[1])], work, [small_data.val_path], "cpu")
     done = subprocess.run(cmd, env=clean_environment({"HOME": str(work)}), capture_output=True, text=True,
                           timeout=60, preexec_fn=lambda: limit_resources("cpu"))
     assert done.returncode == 0, done.stderr
@@ -135,21 +135,21 @@ def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(tmp_path, t
 
 
 @pytest.mark.skipif(not sandbox_available(), reason="bubblewrap is not installed (scripts/setup installs it as root)")
-def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, test_data):
+def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, small_data):
     profile = dataclasses.replace(get_profile("test"), budget_seconds=2)
-    inside = run_experiment(BASELINE_TRAIN_PY, profile, test_data, tmp_path / "in", seed=3, sandbox=True)
-    outside = run_experiment(BASELINE_TRAIN_PY, profile, test_data, tmp_path / "out", seed=3, sandbox=False)
+    inside = run_experiment(BASELINE_TRAIN_PY, profile, small_data, tmp_path / "in", seed=3, sandbox=True)
+    outside = run_experiment(BASELINE_TRAIN_PY, profile, small_data, tmp_path / "out", seed=3, sandbox=False)
     assert inside.outcome == outside.outcome == "ok"
     assert inside.sandboxed and not outside.sandboxed
     assert abs(inside.val_bpb - outside.val_bpb) < 0.3  # same code and seed; only throughput differs
 
 
-def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, test_data):
+def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, small_data):
     peeking = BASELINE_TRAIN_PY.read_text().replace("is_causal=True", "is_causal=False")
     assert peeking != BASELINE_TRAIN_PY.read_text() and check_source(peeking) == []  # it passes the policy
     script = tmp_path / "train.py"
     script.write_text(peeking)
     profile = dataclasses.replace(get_profile("test"), budget_seconds=2)
-    result = run_experiment(script, profile, test_data, tmp_path / "run")
+    result = run_experiment(script, profile, small_data, tmp_path / "run")
     assert result.outcome == "crash" and result.val_bpb is None
     assert result.error.startswith("refused by the harness: the model looks ahead")

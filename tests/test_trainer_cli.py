@@ -43,7 +43,7 @@ def test_a_user_mistake_is_one_line_and_a_nonzero_exit_code(tmp_path):
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr
 
 
-def test_run_json_reports_the_documented_keys(tmp_path, test_data, data_cache):
+def test_run_json_reports_the_documented_keys(tmp_path, small_data, data_cache):
     done = swarm("run", "--profile", "test", "--seed", "2", "--json", cache=data_cache, home=tmp_path)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -54,7 +54,7 @@ def test_run_json_reports_the_documented_keys(tmp_path, test_data, data_cache):
     assert (tmp_path / "runs").is_dir() and len(list((tmp_path / "runs").iterdir())) == 1
 
 
-def test_run_shows_a_result_table_and_a_crash_exits_two(tmp_path, test_data, data_cache):
+def test_run_shows_a_result_table_and_a_crash_exits_two(tmp_path, small_data, data_cache):
     ok = swarm("run", "--profile", "test", cache=data_cache, home=tmp_path)
     assert ok.returncode == 0 and "val_bpb" in ok.stdout and "experiment on profile test: ok" in ok.stdout
     broken = tmp_path / "broken.py"
@@ -64,9 +64,9 @@ def test_run_shows_a_result_table_and_a_crash_exits_two(tmp_path, test_data, dat
     assert "crash" in crash.stdout and "this train.py is broken" in crash.stderr
 
 
-def test_data_build_reports_the_hashes_a_campaign_pins(tmp_path, test_data, data_cache):
+def test_data_build_reports_the_hashes_a_campaign_pins(tmp_path, small_data, data_cache):
     done = swarm("data", "build", "--profile", "test", "--json", cache=data_cache, home=tmp_path)
     assert done.returncode == 0, done.stderr
     manifest = json.loads(done.stdout)
-    assert manifest["tokenizer_sha256"] == test_data.manifest["tokenizer_sha256"]
-    assert manifest["sha256"] == test_data.sha256 and manifest["vocab_size"] == 512
+    assert manifest["tokenizer_sha256"] == small_data.manifest["tokenizer_sha256"]
+    assert manifest["sha256"] == small_data.sha256 and manifest["vocab_size"] == 512

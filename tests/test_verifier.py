@@ -149,14 +149,14 @@ def test_a_crashed_parent_run_publishes_no_verdict(book, alice, bob, tmp_path):
 
 
 def test_a_real_win_is_confirmed_by_a_peer_and_becomes_verified(
-    book, alice, bob, tmp_path, test_data
+    book, alice, bob, tmp_path, small_data
 ):
     claimed = claim_in(book, alice, UNTRAINED, BASELINE, bpb=3.0)
     assert [c["id"] for c in ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS)] == [
         claimed["id"]
     ]
     assert ledger_claims_to_verify(book, alice.peer_id, "test", HARNESS) == []  # its own
-    done = verify_claim(book, bob, claimed, 0.01, FAST, test_data, tmp_path, seed=3)
+    done = verify_claim(book, bob, claimed, 0.01, FAST, small_data, tmp_path, seed=3)
     assert done.verdict == "confirm", (done.child_run.error, done.parent_run.error)
     assert done.child_val_bpb < done.parent_val_bpb - 0.3
     assert done.fact.body["harness"] == HARNESS
