@@ -100,7 +100,7 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
             stop.set()
 
     threads = [threading.Thread(target=gossip, name="gossip", daemon=True)]
-    threads += [threading.Thread(target=_work, args=(config, index, device, tokens, stop, failures),
+    threads += [threading.Thread(target=_work, args=(config, profile, index, device, tokens, stop, failures),
                                  name=f"worker-{index}", daemon=True)
                 for index, device in enumerate(devices)]
     def on_signal(signum: int, _frame) -> None:  # Ctrl-C or a service manager's stop
@@ -120,16 +120,15 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
         raise failures[0]
 
 
-def _work(config: NodeConfig, index: int, device: int | None, tokens, stop: threading.Event,
+def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, stop: threading.Event,
           failures: list[BaseException]) -> None:
     """One research worker: its own ledger connection and proposer, step after step until stopped."""
     from node.agent import AgentError, LLMProposer, OfflineProposer
     from node.agent.researcher import Researcher
     from node.ledger import Ledger, ledger_path
-    from node.trainer import BASELINE_TRAIN_PY, RunCancelled, get_profile, run_experiment
+    from node.trainer import BASELINE_TRAIN_PY, RunCancelled, run_experiment
 
     home = Path(config.home)
-    profile = get_profile(config.profile, config.data)
     seed = config.seed * 1000 + index
     if config.model:
         proposer = LLMProposer(config.model, config.api_base, config.max_cost_usd,
