@@ -59,8 +59,10 @@ def verified_children(
     verifications: Iterable[Mapping[str, Any]],
     quorum: int = 1,
 ) -> dict[str, set[str]]:
-    """The results confirmed by at least `quorum` distinct peers other than their author, and not
-    refuted by `quorum` such peers (a refutation by the quorum blocks, whatever else confirms).
+    """The results confirmed by at least `quorum` distinct peers other than their author, and by
+    more such peers than refute them. A refutation says "no gain beyond my noise", so one noisy
+    refutation does not outweigh two confirmations; a tie is not verified (it waits for more
+    verifiers).
 
     `results` carry id, author, profile and harness; `verifications` carry result, author,
     verdict, profile and harness. A verdict counts only when measured with the same harness and
@@ -76,7 +78,7 @@ def verified_children(
     return {
         rid: peers
         for rid, peers in confirmers.items()
-        if len(peers) >= quorum and len(refuters.get(rid, ())) < quorum
+        if len(peers) >= quorum and len(peers) > len(refuters.get(rid, ()))
     }
 
 
@@ -86,10 +88,17 @@ def refuted_claims(
     quorum: int = 1,
 ) -> set[str]:
     """The results refuted by at least `quorum` distinct peers other than their author, with
-    the same harness and profile: blocked, whatever confirms them."""
+    the same harness and profile, and by at least as many of them as confirm: settled as no
+    win (verifiers stop spending runs on them) until more confirmations come."""
     by_id = {r["id"]: r for r in results}
+    verifications = list(verifications)
+    confirmers = _voters(by_id, verifications, "confirm")
     refuters = _voters(by_id, verifications, "refute")
-    return {rid for rid, peers in refuters.items() if len(peers) >= quorum}
+    return {
+        rid
+        for rid, peers in refuters.items()
+        if len(peers) >= quorum and len(peers) >= len(confirmers.get(rid, ()))
+    }
 
 
 def best_head(

@@ -13,6 +13,7 @@ from node.consensus import (
     best_head,
     keep_or_discard,
     noise_margin,
+    refuted_claims,
     rows_from_facts,
     verdict,
     verified_children,
@@ -67,14 +68,21 @@ def test_verifications_with_another_harness_or_profile_never_count():
     assert best_head(results, [vote("r1", "b")], "cpu", BASELINE, harness="h2") == BASELINE
 
 
-def test_a_refutation_by_the_quorum_blocks_whatever_confirms():
+def test_a_claim_needs_more_confirmations_than_refutations():
     results = [result("r1", "a", BASELINE, V1, 1.5)]
     votes = [vote("r1", "b"), vote("r1", "c"), vote("r1", "d", "refute")]
-    assert verified_children(results, votes, quorum=1) == {}
+    assert verified_children(results, votes, quorum=1) == {"r1": {"b", "c"}}
     assert verified_children(results, votes, quorum=2) == {"r1": {"b", "c"}}
-    assert verified_children(results, [*votes, vote("r1", "e", "refute")], quorum=2) == {}
+    assert verified_children(results, votes, quorum=3) == {}
+    tie = [*votes, vote("r1", "e", "refute")]
+    assert verified_children(results, tie, quorum=1) == {}  # a tie waits for more verifiers
+    assert refuted_claims(results, tie, quorum=2) == {"r1"}
+    assert refuted_claims(results, votes, quorum=1) == set()  # outvoted refutation
     crash = [vote("r1", "b"), vote("r1", "c", "crash")]
     assert verified_children(results, crash) == {"r1": {"b"}}  # a crash is no refutation
+    one_each = [vote("r1", "b"), vote("r1", "c", "refute")]
+    assert verified_children(results, one_each) == {}
+    assert refuted_claims(results, one_each) == {"r1"}
 
 
 def test_signed_facts_flatten_into_rows_the_rule_reads(alice, bob):
@@ -180,10 +188,26 @@ def test_a_refuted_claim_never_becomes_head(c, v, quorum):
             and x["harness"] == r["harness"]
         ):
             refuters.setdefault(r["id"], set()).add(x["author"])
+    confirmers: dict[str, set[str]] = {}
+    for x in verifications:
+        r = by_id.get(x["result"])
+        if (
+            r is not None
+            and x["verdict"] == "confirm"
+            and x["author"] != r["author"]
+            and x["harness"] == r["harness"]
+        ):
+            confirmers.setdefault(r["id"], set()).add(x["author"])
     makers = [r for r in results if r["child"] == head and r["outcome"] == "keep"]
     if head != BASELINE:
-        # The head is made by at least one claim that the quorum did not refute.
-        assert any(len(refuters.get(r["id"], ())) < quorum for r in makers)
+        # The head is made by at least one claim confirmed by the quorum and by more peers than refute it.
+        assert any(
+            len(confirmers.get(r["id"], ())) >= quorum
+            and len(confirmers.get(r["id"], ())) > len(refuters.get(r["id"], ()))
+            for r in makers
+        )
+    verified = verified_children(results, verifications, quorum)
+    assert not set(verified) & refuted_claims(results, verifications, quorum)
     for rid, peers in refuters.items():
-        if len(peers) >= quorum:
-            assert rid not in verified_children(results, verifications, quorum)
+        if len(peers) >= len(confirmers.get(rid, ())):
+            assert rid not in verified
