@@ -94,6 +94,28 @@ def ledger_path(home: Path) -> Path:
     return Path(home) / LEDGER_FILE
 
 
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection. A WAL file is read through its -shm file, which SQLite must be
+    able to create: where it cannot (a copy on a read-only disk, another user's folder), the
+    file is read as immutable, which is right only when no -wal file holds commits it lacks."""
+    uri = f"file:{path.resolve()}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10)
+    try:
+        conn.execute("PRAGMA user_version").fetchone()
+        return conn
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "unable to open" not in str(exc) and "readonly" not in str(exc):
+            raise
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise LedgerError(
+            f"cannot read {path}: its folder is read-only and {wal.name} holds commits not yet in "
+            "the file; copy both files to a writable folder"
+        )
+    return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, timeout=10)
+
+
 # ---------------------------------------------------------------- the ledger
 
 
@@ -111,8 +133,7 @@ class Ledger:
             if readonly:
                 if not self.path.is_file():
                     raise LedgerError(f"no ledger at {self.path}")
-                uri = f"file:{self.path.resolve()}?mode=ro"
-                conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10)
+                conn = _connect_readonly(self.path)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
