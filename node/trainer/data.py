@@ -10,8 +10,10 @@ import hashlib
 import itertools
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from node.trainer.profiles import Profile
 from node.trainer.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 
 ENCODE_BATCH = 1024  # documents per tiktoken batch
+HEARTBEAT_SECONDS = 10.0  # a step that prints nothing for longer than this says it is still going
 Progress = Callable[[str], None]
 
 
@@ -80,13 +83,32 @@ def _documents(profile: Profile, cache: Path, progress: Progress) -> tuple[Calla
     return documents, text_hash
 
 
-def _tokenizer_text(docs: Iterator[str], limit: int) -> Iterator[str]:
-    used = 0
+def _tokenizer_text(docs: Iterator[str], limit: int, read: list[int]) -> Iterator[str]:
+    """The first `limit` characters of `docs`; `read[0]` counts those handed out so far."""
     for doc in docs:
-        if used >= limit:
+        if read[0] >= limit:
             return
-        yield doc[: limit - used]
-        used += len(doc)
+        yield doc[: limit - read[0]]
+        read[0] += min(len(doc), limit - read[0])
+
+
+@contextmanager
+def _heartbeat(progress: Progress, say: Callable[[float], str]) -> Iterator[None]:
+    """While the block runs, `progress(say(seconds so far))` every HEARTBEAT_SECONDS: the
+    tokenizer trains in one call that prints nothing, for a minute or more on the gpu profile."""
+    done, start = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_SECONDS):
+            progress(say(time.monotonic() - start))
+
+    thread = threading.Thread(target=beat, name="data-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _write_tokens(tokenizer: Tokenizer, docs: Iterator[str], path: Path, progress: Progress, label: str) -> int:
@@ -114,8 +136,10 @@ def prepare_data(profile: Profile, cache: Path, progress: Progress = lambda _: N
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     progress(f"training a {profile.vocab_size}-token BPE tokenizer on {profile.tokenizer_chars / 1e6:.0f} M characters")
-    tokenizer = train_tokenizer(_tokenizer_text(documents("train"), profile.tokenizer_chars),
-                                profile.vocab_size, work / "tokenizer.tiktoken")
+    read = [0]
+    with _heartbeat(progress, lambda s: f"training the tokenizer: {read[0] / 1e6:.0f} M characters read, {s:.0f} s"):
+        tokenizer = train_tokenizer(_tokenizer_text(documents("train"), profile.tokenizer_chars, read),
+                                    profile.vocab_size, work / "tokenizer.tiktoken")
     np.save(work / "token_bytes.npy", tokenizer.token_bytes())
     counts = {split: _write_tokens(tokenizer, documents(split), work / f"{split}.bin", progress, split)
               for split in ("val", "train")}
