@@ -12,7 +12,7 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -303,18 +303,32 @@ class Ledger:
     def _count_rejection(
         self, conn: sqlite3.Connection, rejection: wire.Rejection, from_peer: str | None, now: int
     ) -> None:
-        # Blame the peer that delivered it; else the author, but only once its signature has
-        # been checked (replay, seq_backwards, future_time): anyone can claim to be anyone.
+        # A fact its author signed (replay, seq_backwards, future_time: the signature has been
+        # checked) is the author's doing, whoever relayed it; anything else, the courier's.
+        # Anyone can claim to be anyone, so an unsigned claim of authorship blames no one.
         signed = rejection.reason in (wire.Reason.replay, wire.Reason.seq_backwards,
                                       wire.Reason.future_time)  # fmt: skip
-        peer = from_peer or (
-            peer_id_from_public_key(rejection.author) if signed and rejection.author else "unknown"
-        )
+        if signed and rejection.author:
+            peer = peer_id_from_public_key(rejection.author)
+        else:
+            peer = from_peer or "unknown"
         conn.execute(
             "INSERT INTO rejections (peer_id, reason, count, last_seen) VALUES (?, ?, 1, ?) "
             "ON CONFLICT (peer_id, reason) DO UPDATE SET count = count + 1, last_seen = ?",
             (peer, rejection.reason.value, now, now),
         )
+
+    def record_offences(self, offences: Mapping[tuple[str, str], int]) -> None:
+        """Add counts of refused messages that never reached `ingest` ({(peer, reason): n}): what
+        the gossip layer refused itself (floods, junk frames, bad libp2p signatures)."""
+        now = _now_ms()
+        with self._write() as conn:
+            for (peer, reason), n in offences.items():
+                conn.execute(
+                    "INSERT INTO rejections (peer_id, reason, count, last_seen) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (peer_id, reason) DO UPDATE SET count = count + ?, last_seen = ?",
+                    (peer, reason, n, now, n, now),
+                )
 
     def next_seq(self, public_key: bytes) -> int:
         """The sequence number this author's next fact should carry (heads count by the clock)."""

@@ -1,0 +1,167 @@
+"""Standing of peers: whether this node still listens to a peer, derived from what it holds.
+
+A peer loses standing through rates over enough evidence, never through one event: its kept
+claims that the swarm refuted (or that crash for the quorum), its confirmations of such claims,
+and the messages this node refused from it. A peer that lost standing does not regain it: the
+facts and counts behind the verdict stay. Pure functions, except `ledger_standing`, which reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from node import consensus
+
+if TYPE_CHECKING:
+    from node.ledger import Ledger
+
+MIN_FAILED = 3  # failed claims before the share of failures counts: noise refutes honest wins too
+MIN_FALSE_CONFIRMS = 3  # confirmations of failed claims before their share counts
+MAX_OFFENCE_POINTS = 20.0  # refused messages (weighted below) that cost a peer its standing
+# Points per refused message, by the reason this node counted. An honest node sends none of
+# these; a flood costs little per message (a burst may be a bug), a junk frame much.
+OFFENCE_POINTS = {"flood": 0.1, "junk": 10.0}
+# Not held against a peer: a newer protocol (forward compatibility) and stale heads, which honest
+# relays deliver out of order.
+FORGIVEN = frozenset({"unknown_version", "unknown_kind", "seq_backwards"})
+UNKNOWN = "unknown"  # the ledger's name for a courier it could not tell
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One peer's standing in this node's eyes, and the evidence behind it."""
+
+    peer: str
+    claims: int = 0  # its kept claims the swarm has settled: verified or failed
+    failed: int = 0  # of those, refuted by the quorum or crashed for it
+    confirms: int = 0  # its confirmations of other peers' settled claims
+    false_confirms: int = 0  # of those, confirmations of claims that failed
+    offences: Mapping[str, int] = field(default_factory=dict)  # refused messages by reason
+    points: float = 0.0  # the offences, weighted
+    reasons: tuple[str, ...] = ()  # why it lost standing; empty while it has it
+
+    @property
+    def silenced(self) -> bool:
+        return bool(self.reasons)
+
+    @property
+    def status(self) -> str:
+        if self.silenced:
+            return "silenced"
+        return "watched" if self.failed or self.false_confirms or self.points else "good"
+
+    def as_dict(self) -> dict:
+        return {"peer": self.peer, "status": self.status, "claims": self.claims,
+                "failed": self.failed, "confirms": self.confirms,
+                "false_confirms": self.false_confirms, "offences": dict(self.offences),
+                "points": round(self.points, 2), "reasons": list(self.reasons)}  # fmt: skip
+
+
+def crashed_claims(
+    results: Iterable[Mapping[str, Any]],
+    verifications: Iterable[Mapping[str, Any]],
+    quorum: int = 1,
+) -> set[str]:
+    """Results whose child crashed for at least `quorum` distinct peers other than the author (same
+    harness and profile), more of them than confirm it: a claimed win no one else could run."""
+    by_id = {r["id"]: r for r in results}
+    votes: dict[str, dict[str, set[str]]] = {}
+    for v in verifications:
+        r = by_id.get(v["result"])
+        if r is not None and v["author"] != r["author"] and v["harness"] == r["harness"] and (
+            v["profile"] == r["profile"]
+        ):  # fmt: skip
+            votes.setdefault(r["id"], {}).setdefault(v["verdict"], set()).add(v["author"])
+    return {
+        rid
+        for rid, by in votes.items()
+        if len(by.get("crash", ())) >= quorum and len(by["crash"]) > len(by.get("confirm", ()))
+    }
+
+
+def offence_points(offences: Mapping[str, int]) -> float:
+    return sum(OFFENCE_POINTS.get(reason, 1.0) * n for reason, n in offences.items()
+               if reason not in FORGIVEN)  # fmt: skip
+
+
+def peer_standing(
+    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]],
+    offences: Iterable[Mapping[str, Any]] = (), quorum: int = 1,
+) -> dict[str, Standing]:  # fmt: skip
+    """Every peer's standing from the facts and counts this node holds. Same inputs, same answer.
+
+    `results` carry id, author, outcome, profile and harness (only kept ones are claims);
+    `verifications` carry result, author, verdict, profile and harness; `offences` carry
+    peer_id, reason and count (the ledger's `rejections`). A peer is silenced when
+    - at least MIN_FAILED of its kept claims failed (refuted, or crashed, by the quorum's rule)
+      and more failed than were verified; or
+    - at least MIN_FALSE_CONFIRMS of its confirmations went to claims that failed, and more than
+      to claims that were verified; or
+    - the messages this node refused from it weigh MAX_OFFENCE_POINTS or more.
+    """
+    kept = {r["id"]: r for r in results if r["outcome"] == "keep"}
+    verifications = list(verifications)
+    verified = set(consensus.verified_children(kept.values(), verifications, quorum))
+    failed = (consensus.refuted_claims(kept.values(), verifications, quorum)
+              | crashed_claims(kept.values(), verifications, quorum)) - verified  # fmt: skip
+    evidence: dict[str, dict[str, Any]] = {}
+
+    def of(peer: str) -> dict[str, Any]:
+        return evidence.setdefault(peer, {"claims": 0, "failed": 0, "confirms": set(),
+                                          "false": set(), "offences": {}})  # fmt: skip
+
+    for r in kept.values():
+        of(r["author"])
+    for rid in verified | failed:
+        entry = of(kept[rid]["author"])
+        entry["claims"] += 1
+        entry["failed"] += rid in failed
+    for v in verifications:
+        r = kept.get(v["result"])
+        of(v["author"])
+        if v["verdict"] == "confirm" and r is not None and v["author"] != r["author"]:
+            if r["id"] in verified:
+                of(v["author"])["confirms"].add(r["id"])
+            elif r["id"] in failed:
+                of(v["author"])["false"].add(r["id"])
+    for row in offences:
+        if row["peer_id"] != UNKNOWN and row["count"]:
+            counted = of(row["peer_id"])["offences"]
+            counted[row["reason"]] = counted.get(row["reason"], 0) + int(row["count"])
+    return {peer: _judge(peer, e) for peer, e in evidence.items()}
+
+
+def _judge(peer: str, e: dict[str, Any]) -> Standing:
+    good, false = len(e["confirms"]), len(e["false"])
+    points = offence_points(e["offences"])
+    reasons = []
+    verified = e["claims"] - e["failed"]
+    if e["failed"] >= MIN_FAILED and e["failed"] > verified:
+        reasons.append(f"{e['failed']} of its {e['claims']} settled claims failed")
+    if false >= MIN_FALSE_CONFIRMS and false > good:
+        reasons.append(f"it confirmed {false} claims that failed (and {good} that held)")
+    if points >= MAX_OFFENCE_POINTS:
+        listed = ", ".join(f"{reason} {n}" for reason, n in sorted(e["offences"].items()))
+        reasons.append(f"refused messages worth {points:g} points ({listed})")
+    return Standing(peer, claims=e["claims"], failed=e["failed"], confirms=good + false,
+                    false_confirms=false, offences=dict(e["offences"]), points=points,
+                    reasons=tuple(reasons))  # fmt: skip
+
+
+def silenced(standing: Mapping[str, Standing]) -> set[str]:
+    """The peers that lost standing."""
+    return {peer for peer, s in standing.items() if s.silenced}
+
+
+def ledger_standing(ledger: Ledger, quorum: int = 1) -> dict[str, Standing]:
+    """`peer_standing` over everything the ledger holds, all profiles."""
+    results = ledger.rows(
+        "SELECT id, author, outcome, profile, harness FROM results WHERE outcome = 'keep'"
+    )
+    verifications = ledger.rows(
+        "SELECT result, author, verdict, profile, harness FROM verifications"
+    )
+    offences = ledger.rows("SELECT peer_id, reason, count FROM rejections")
+    return peer_standing(results, verifications, offences, quorum)

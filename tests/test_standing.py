@@ -1,0 +1,132 @@
+"""Standing of peers: who this node stops listening to, from the facts and counts it holds."""
+
+from __future__ import annotations
+
+import random
+
+from conftest import BASELINE, CAMPAIGN, make_result, make_verification
+
+from node import wire
+from node.ledger import Ledger
+from node.standing import ledger_standing, peer_standing, silenced
+
+
+def claim(rid, author, outcome="keep", profile="test", harness="h"):
+    return {"id": rid, "author": author, "outcome": outcome, "profile": profile, "harness": harness}
+
+
+def vote(rid, author, verdict, profile="test", harness="h"):
+    return {
+        "result": rid,
+        "author": author,
+        "verdict": verdict,
+        "profile": profile,
+        "harness": harness,
+    }
+
+
+def judged(author: str, verdicts: list[str], voter: str = "v1") -> tuple[list[dict], list[dict]]:
+    """Claims by `author`, each judged once by `voter` with the given verdict."""
+    results = [claim(f"{author}{i}", author) for i in range(len(verdicts))]
+    votes = [vote(f"{author}{i}", voter, v) for i, v in enumerate(verdicts)]
+    return results, votes
+
+
+def test_one_refuted_claim_does_not_cost_an_honest_peer_its_standing():
+    results, votes = judged("honest", ["refute", "confirm"])
+    standing = peer_standing(results, votes)
+    assert standing["honest"].status == "watched" and not standing["honest"].silenced
+    assert (standing["honest"].claims, standing["honest"].failed) == (2, 1)
+
+
+def test_a_peer_whose_claims_mostly_fail_is_silenced_and_told_why():
+    results, votes = judged("faker", ["refute", "refute", "crash", "confirm"])
+    standing = peer_standing(results, votes)["faker"]
+    assert standing.silenced and standing.failed == 3 and standing.claims == 4
+    assert standing.reasons == ("3 of its 4 settled claims failed",)
+
+
+def test_a_rate_not_a_count_three_failures_among_many_wins_keep_standing():
+    results, votes = judged("prolific", ["refute"] * 3 + ["confirm"] * 3)
+    assert not peer_standing(results, votes)["prolific"].silenced  # 3 failed, 3 verified: not more
+    results, votes = judged("prolific", ["refute"] * 4 + ["confirm"] * 3)
+    assert peer_standing(results, votes)["prolific"].silenced
+
+
+def test_failures_count_only_once_the_quorum_has_settled_them():
+    results, votes = judged("faker", ["refute"] * 5)
+    assert peer_standing(results, votes, quorum=2)["faker"].claims == 0  # one refuter is not two
+    more = [vote(r["id"], "v2", "refute") for r in results]
+    assert silenced(peer_standing(results, votes + more, quorum=2)) == {"faker"}
+
+
+def test_colluders_that_confirm_failed_claims_lose_standing_honest_verifiers_do_not():
+    results, votes = judged("faker", ["refute"] * 3, voter="honest")
+    votes += [vote(r["id"], "crony", "confirm") for r in results]  # below the quorum of 2
+    votes += [vote(r["id"], "honest2", "refute") for r in results]
+    standing = peer_standing(results, votes, quorum=2)
+    assert silenced(standing) == {"faker", "crony"}
+    assert (
+        standing["crony"].false_confirms == 3
+        and "confirmed 3 claims that failed" in standing["crony"].reasons[0]
+    )
+    assert standing["honest"].status == "good"
+
+
+def test_a_verifier_that_once_confirmed_a_refuted_claim_keeps_standing():
+    good, good_votes = judged("a", ["confirm"] * 3, voter="noisy")
+    bad, bad_votes = judged("b", ["refute"] * 3, voter="v1")
+    bad_votes += [vote(r["id"], "v2", "refute") for r in bad]
+    bad_votes += [vote(bad[0]["id"], "noisy", "confirm")]
+    standing = peer_standing(good + bad, good_votes + bad_votes, quorum=2)
+    assert standing["noisy"].false_confirms == 1 and not standing["noisy"].silenced
+
+
+def test_refused_messages_weigh_by_kind_and_forgive_a_newer_protocol():
+    offences = [
+        {"peer_id": "forger", "reason": "bad_signature", "count": 12},
+        {"peer_id": "forger", "reason": "replay", "count": 8},
+        {"peer_id": "newer", "reason": "unknown_version", "count": 500},
+        {"peer_id": "bursty", "reason": "flood", "count": 150},
+        {"peer_id": "junker", "reason": "junk", "count": 2},
+        {"peer_id": "unknown", "reason": "malformed", "count": 99},
+    ]
+    standing = peer_standing([], [], offences)
+    assert silenced(standing) == {"forger", "junker"}
+    assert standing["forger"].reasons == (
+        "refused messages worth 20 points (bad_signature 12, replay 8)",
+    )
+    assert standing["bursty"].status == "watched" and standing["newer"].status == "good"
+    assert "unknown" not in standing
+
+
+def test_standing_does_not_depend_on_the_order_of_the_facts():
+    results, votes = judged("faker", ["refute", "refute", "crash", "confirm", "refute"])
+    votes += [vote("faker1", "crony", "confirm"), vote("faker0", "faker", "confirm")]  # own vote
+    expected = {p: s.as_dict() for p, s in peer_standing(results, votes).items()}
+    rng = random.Random(5)
+    for _ in range(20):
+        rng.shuffle(results)
+        rng.shuffle(votes)
+        assert {p: s.as_dict() for p, s in peer_standing(results, votes).items()} == expected
+
+
+def test_the_ledger_charges_a_signed_replay_to_its_author_not_the_relay(
+    tmp_path, alice, bob, carol
+):
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        first = make_result(alice, 1, BASELINE, "11" * 32, 1.4)
+        other = make_result(alice, 1, BASELINE, "22" * 32, 0.4)  # the same seq, signed again
+        assert isinstance(book.ingest(first.raw, from_peer=bob.peer_id), wire.Fact)
+        assert book.ingest(other.raw, from_peer=bob.peer_id).reason is wire.Reason.replay
+        book.record_offences({(carol.peer_id, "flood"): 40, (carol.peer_id, "junk"): 1})
+        book.record_offences({(carol.peer_id, "junk"): 1})
+        refuted = make_result(bob, 1, BASELINE, "33" * 32, 0.3)
+        book.ingest(refuted.raw)
+        book.ingest(make_verification(carol, 1, refuted, "refute").raw)
+        standing = ledger_standing(book)
+    assert standing[alice.peer_id].offences == {"replay": 1}
+    assert bob.peer_id not in standing or not standing[bob.peer_id].offences
+    assert standing[bob.peer_id].failed == 1 and not standing[bob.peer_id].silenced
+    assert standing[carol.peer_id].offences == {"flood": 40, "junk": 2}
+    assert standing[carol.peer_id].silenced  # two junk frames and a flood: 24 points
