@@ -163,6 +163,30 @@ def _print_result(result) -> None:
         err_console.print(result.log_tail, highlight=False, markup=False)
 
 
+# ---------------------------------------------------------------- report
+
+
+@app.command("report")
+def report_cmd(
+    out: Annotated[Path, typer.Option("--out", help="Folder for report.png and report.html (created if missing).")],
+    home: HomeOption = None,
+    db: Annotated[Path | None, typer.Option("--db", help="A ledger file to read instead of HOME/ledger.db.")] = None,
+    quorum: Annotated[int | None, typer.Option("--quorum", min=1, help="Confirmations that verify a win (default: the campaign's, else 1).")] = None,
+) -> None:
+    """Write a plot and a self-contained web page of what the swarm tried, from the ledger (read-only).
+
+    report.png: val_bpb per experiment over time. report.html: the plot, the leaderboard, the lineage
+    of the best version with its diffs, the peers and the noise margin; it fetches nothing.
+
+    Example: swarm report --out report && xdg-open report/report.html
+    """
+    from node.report import open_ledger, write_report
+
+    with open_ledger(home, db) as ledger:
+        png, page = write_report(ledger, out, quorum)
+    console.print(f"wrote {page} and {png}", highlight=False)
+
+
 # ---------------------------------------------------------------- gossip: bootstrap, peer, peers
 
 ListenOption = Annotated[str, typer.Option("--listen", help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (tcp/0: any free port).")]

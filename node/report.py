@@ -1,0 +1,450 @@
+"""`swarm report`: what a node's ledger says the swarm has tried, as a picture and one web page.
+
+It reads the ledger read-only and writes `report.png` (val_bpb per experiment over time) and
+`report.html` (self-contained: leaderboard, lineage of the best version with its diffs, peers,
+noise margin). It never writes to the ledger, and every text that comes from a fact reaches the
+page escaped: descriptions are written by peers, and a peer may be hostile.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+import html
+import io
+import os
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from node import consensus
+from node.errors import SwarmError
+from node.home import resolve_home
+from node.ledger import Ledger, LedgerError, ledger_path
+
+PNG_FILE, HTML_FILE = "report.png", "report.html"
+BOARD_LIMIT = 10  # versions shown per profile on the leaderboard
+COLOURED_PEERS = 10  # the most active peers get a colour each; the rest share grey
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+           "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]  # fmt: skip
+OTHER_COLOUR = "#b0b0b0"
+SHIPPED_BASELINE = Path(__file__).parent / "trainer" / "train.py"
+
+
+class ReportError(SwarmError):
+    """A report that cannot be written: no ledger, not a ledger, an output folder not writable."""
+
+
+@dataclass
+class Snapshot:
+    """Everything the report shows, read from the ledger in one go."""
+
+    path: str
+    read_at: int  # ms since the epoch
+    campaigns: list[str]
+    quorum: int
+    results: list[dict]  # every result, oldest first
+    verified: dict[str, set[str]]  # result id -> the peers whose confirmations count
+    refuted: set[str]  # result ids refuted by the quorum
+    board: dict[str, list[dict]]  # ledger.leaderboard
+    lineages: dict[str, list[dict]]  # profile -> steps to its best version, each with "diff"
+    baselines: set[str]
+    peers: list[dict]
+    noise: dict[str, list[float]]  # profile -> this node's scored runs of the baseline
+    colours: dict[str, str]  # peer id -> colour in the plot and the peer table
+
+
+# ---------------------------------------------------------------- reading the ledger
+
+
+def open_ledger(home: Path | None, db: Path | None) -> Ledger:
+    """The ledger at `db`, else in `home`, opened read-only; a ReportError when there is none."""
+    try:
+        path = db if db is not None else ledger_path(resolve_home(home))
+    except OSError as exc:
+        raise ReportError(f"cannot use {home} as a home: {exc.strerror}") from None
+    if not path.is_file():
+        hint = "" if db is not None else " (no facts yet: run a node, or pass --db)"
+        raise ReportError(f"no ledger at {path}{hint}")
+    try:
+        return Ledger(path, readonly=True)
+    except LedgerError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None = None) -> Snapshot:
+    """Read what the report shows. `quorum` defaults to the campaign's, else 1."""
+    read_at = int(datetime.now(timezone.utc).timestamp() * 1000) if now_ms is None else now_ms
+    campaigns = ledger.rows("SELECT name, baseline, quorum FROM campaigns ORDER BY time")
+    if quorum is None:
+        quorum = campaigns[0]["quorum"] if campaigns else 1
+    results = ledger.rows(
+        "SELECT id, author, time, profile, parent, child, harness, outcome, val_bpb, description "
+        "FROM results ORDER BY time, id"
+    )
+    verifications = ledger.rows(
+        "SELECT result, author, verdict, profile, harness FROM verifications"
+    )
+    kept = [r for r in results if r["outcome"] == "keep" and r["val_bpb"] is not None]
+    verified = consensus.verified_children(kept, verifications, quorum)
+    refuted = consensus.refuted_claims(kept, verifications, quorum)
+    board = ledger.leaderboard(quorum, BOARD_LIMIT)
+    baselines = {c["baseline"] for c in campaigns}
+    if SHIPPED_BASELINE.is_file():  # what a node without a campaign file starts from
+        baselines.add(hashlib.sha256(SHIPPED_BASELINE.read_bytes()).hexdigest())
+    lineages = {profile: _lineage(ledger, rows[0]["child"]) for profile, rows in board.items()}
+    noise: dict[str, list[float]] = {}
+    marks = ", ".join("?" * len(baselines))
+    for run in ledger.rows(
+        f"SELECT profile, val_bpb FROM runs WHERE child IN ({marks}) AND val_bpb IS NOT NULL "
+        "ORDER BY id",
+        sorted(baselines),
+    ):
+        noise.setdefault(run["profile"], []).append(run["val_bpb"])
+    for profile in {r["profile"] for r in results} | {
+        r["profile"]
+        for r in ledger.rows("SELECT DISTINCT profile FROM runs WHERE profile IS NOT NULL")
+    }:
+        noise.setdefault(profile, [])
+    peers = _peer_stats(results, verifications, verified, refuted)
+    colours = {
+        p["peer_id"]: PALETTE[i] if i < COLOURED_PEERS else OTHER_COLOUR
+        for i, p in enumerate(peers)
+    }
+    return Snapshot(
+        path=str(ledger.path), read_at=read_at, campaigns=[c["name"] for c in campaigns],
+        quorum=quorum, results=results, verified=verified, refuted=refuted, board=board,
+        lineages=lineages, baselines=baselines, peers=peers, noise=dict(sorted(noise.items())),
+        colours=colours,
+    )  # fmt: skip
+
+
+def _lineage(ledger: Ledger, child: str) -> list[dict]:
+    """The chain to `child`, each step with the diff from its parent, or None when this ledger
+    does not hold both versions (they travel by hash and may not have been fetched)."""
+    steps = ledger.lineage(child)
+    for step in steps:
+        parent, made = ledger.version(step["parent"]), ledger.version(step["child"])
+        step["missing"] = [
+            name for name, src in (("parent", parent), ("child", made)) if src is None
+        ]
+        step["diff"] = None
+        if parent is not None and made is not None:
+            old = parent.decode("utf-8", "replace").splitlines(keepends=True)
+            new = made.decode("utf-8", "replace").splitlines(keepends=True)
+            step["diff"] = "".join(difflib.unified_diff(old, new, "a/train.py", "b/train.py"))
+    return steps
+
+
+def _peer_stats(
+    results: list[dict], verifications: list[dict], verified: dict, refuted: set[str]
+) -> list[dict]:
+    """Per author of a result or a verification: what it tried and how its claims fared; the
+    most active first."""
+    stats: dict[str, Counter] = {}
+    for r in results:
+        s = stats.setdefault(r["author"], Counter())
+        s["experiments"] += 1
+        s[r["outcome"]] += 1
+        s["verified"] += r["id"] in verified
+        s["refuted"] += r["id"] in refuted
+    for v in verifications:
+        stats.setdefault(v["author"], Counter())["verifications"] += 1
+    rows = [
+        {"peer_id": peer, **{k: s[k] for k in ("experiments", "keep", "discard", "crash",
+                                               "verified", "refuted", "verifications")}}
+        for peer, s in stats.items()
+    ]  # fmt: skip
+    return sorted(rows, key=lambda p: (-p["experiments"], -p["verifications"], p["peer_id"]))
+
+
+# ---------------------------------------------------------------- the picture
+
+
+def plot(snap: Snapshot) -> bytes:
+    """The PNG: val_bpb per experiment over time, one panel per profile."""
+    from matplotlib import dates as mdates
+    from matplotlib import transforms
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    profiles = sorted({r["profile"] for r in snap.results})
+    fig = Figure(figsize=(11, 1.5 + 3.4 * max(1, len(profiles))), dpi=100)
+    FigureCanvasAgg(fig)
+    if not profiles:
+        ax = fig.add_subplot()
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "nothing tried yet", ha="center", va="center", fontsize=16)
+        return _png(fig)
+    axes = fig.subplots(len(profiles), 1, squeeze=False)[:, 0]
+    for ax, profile in zip(axes, profiles, strict=True):
+        rows = [r for r in snap.results if r["profile"] == profile]
+        when = lambda rs: mdates.date2num([_utc(r["time"]) for r in rs])  # noqa: E731
+        top = transforms.blended_transform_factory(ax.transData, ax.transAxes)
+        for peer in {r["author"] for r in rows}:
+            colour = snap.colours.get(peer, OTHER_COLOUR)
+            mine = [r for r in rows if r["author"] == peer]
+            kept = [r for r in mine if r["outcome"] == "keep" and r["val_bpb"] is not None]
+            dropped = [r for r in mine if r["outcome"] != "keep" and r["val_bpb"] is not None]
+            crashed = [r for r in mine if r["val_bpb"] is None]
+            wins = [r for r in kept if r["id"] in snap.verified]
+            ax.scatter(when(kept), [r["val_bpb"] for r in kept], s=22, color=colour, zorder=3)
+            ax.scatter(when(dropped), [r["val_bpb"] for r in dropped], s=22, facecolors="none",
+                       edgecolors=colour, zorder=2)  # fmt: skip
+            ax.scatter(when(crashed), [0.97] * len(crashed), marker="x", s=30, color=colour,
+                       transform=top, clip_on=False, zorder=3)  # fmt: skip
+            ax.scatter(when(wins), [r["val_bpb"] for r in wins], marker="*", s=170, color=colour,
+                       edgecolors="black", linewidths=0.8, zorder=4)  # fmt: skip
+        best, xs, ys = None, [], []
+        for r in rows:
+            if r["id"] in snap.verified and (best is None or r["val_bpb"] < best):
+                best = r["val_bpb"]
+                xs.append(r["time"])
+                ys.append(best)
+        if xs:
+            xs.append(max(rows[-1]["time"], xs[-1]))
+            ys.append(ys[-1])
+            ax.step(mdates.date2num([_utc(t) for t in xs]), ys, where="post", color="black",
+                    linewidth=1.3, zorder=5)  # fmt: skip
+        counts = Counter(r["outcome"] for r in rows)
+        ax.set_title(f"profile {profile}: {len(rows)} experiments ({counts['keep']} kept, "
+                     f"{counts['discard']} discarded, {counts['crash']} crashed)",
+                     loc="left", fontsize=11)  # fmt: skip
+        ax.set_ylabel("val_bpb (lower is better)")
+        ax.grid(alpha=0.3)
+        locator = mdates.AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        if not any(r["val_bpb"] is not None for r in rows):
+            ax.set_yticks([])
+        elif counts["crash"]:  # room above the scores for the crashes' row
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high + 0.1 * (high - low))
+    axes[-1].set_xlabel("time of the experiment (UTC)")
+    handles = [
+        Line2D([], [], linestyle="", marker="o", color=snap.colours[p["peer_id"]],
+               label=_short_peer(p["peer_id"]))
+        for p in snap.peers[:COLOURED_PEERS] if p["experiments"]
+    ]  # fmt: skip
+    if len(snap.peers) > COLOURED_PEERS:
+        handles.append(Line2D([], [], linestyle="", marker="o", color=OTHER_COLOUR,
+                              label=f"{len(snap.peers) - COLOURED_PEERS} other peers"))  # fmt: skip
+    handles += [
+        Line2D([], [], linestyle="", marker="o", color="grey", label="kept"),
+        Line2D([], [], linestyle="", marker="o", markerfacecolor="none", color="grey",
+               label="discarded"),
+        Line2D([], [], linestyle="", marker="x", color="grey", label="crashed (top edge)"),
+        Line2D([], [], linestyle="", marker="*", markersize=12, color="grey",
+               markeredgecolor="black", label=f"verified win (quorum {snap.quorum})"),
+        Line2D([], [], color="black", label="best verified so far"),
+    ]  # fmt: skip
+    axes[0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
+                   frameon=False)  # fmt: skip
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- the page
+
+
+def _e(value: object) -> str:
+    """Escaped for HTML text and attribute values: nothing from a fact is ever markup."""
+    return html.escape(str(value), quote=True)
+
+
+def _utc(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc)
+
+
+def _when(ms: int | None) -> str:
+    return "-" if ms is None else _utc(ms).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _short_peer(peer_id: str) -> str:
+    """Peer ids all start 12D3KooW; their tail tells them apart."""
+    return "…" + peer_id[-8:] if peer_id.startswith("12D3") else peer_id
+
+
+def _peer(peer_id: str | None) -> str:
+    if not peer_id:
+        return "-"
+    return f'<span class="peer" title="{_e(peer_id)}">{_e(_short_peer(peer_id))}</span>'
+
+
+def _bpb(value: float | None, signed: bool = False) -> str:
+    return "-" if value is None else (f"{value:+.4f}" if signed else f"{value:.4f}")
+
+
+def _table(table_id: str, header: list[str], rows: list[list[str]]) -> str:
+    """Cells arrive escaped (or built from escaped parts) by the caller."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table id="{_e(table_id)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _diff_html(diff: str) -> str:
+    if not diff:
+        return '<span class="muted">no change in train.py</span>'
+    lines = []
+    for line in diff.splitlines():
+        kind = "add" if line.startswith("+") else "del" if line.startswith("-") else ""
+        kind = "hunk" if line.startswith("@@") else "" if line.startswith(("+++", "---")) else kind
+        lines.append(f'<span class="{kind}">{_e(line)}</span>' if kind else _e(line))
+    return "<pre>" + "\n".join(lines) + "</pre>"
+
+
+def _leaderboard(snap: Snapshot) -> str:
+    if not snap.board:
+        return f"<p>No version is verified yet (quorum {snap.quorum}).</p>"
+    out = []
+    for profile, rows in snap.board.items():
+        out.append(f"<h3>profile {_e(profile)}</h3>")
+        out.append(_table(f"leaderboard-{profile}",
+                          ["#", "val_bpb", "version", "found by", "verified by", "description"],
+                          [[str(rank), _bpb(r["val_bpb"]), f"<code>{_e(r['child'][:12])}</code>",
+                            _peer(r["found_by"]), ", ".join(_peer(p) for p in r["verified_by"]),
+                            _e(r["description"])]
+                           for rank, r in enumerate(rows, 1)]))  # fmt: skip
+    return "".join(out)
+
+
+def _lineages(snap: Snapshot) -> str:
+    if not snap.lineages:
+        return "<p>No verified version yet, so no lineage to show.</p>"
+    out = []
+    for profile, steps in snap.lineages.items():
+        root = steps[0]["parent"]
+        origin = "the baseline" if root in snap.baselines else f"<code>{_e(root[:12])}</code>"
+        out.append(f"<h3>profile {_e(profile)}: <code>{_e(steps[-1]['child'][:12])}</code>, "
+                   f"{len(steps)} step{'s' * (len(steps) != 1)} from {origin}</h3>")  # fmt: skip
+        out.append(f'<ol class="lineage" id="lineage-{_e(profile)}">')
+        for s in steps:
+            if s["diff"] is not None:
+                diff = f"<details><summary>diff ({s['diff_size']} B)</summary>{_diff_html(s['diff'])}</details>"
+            else:
+                diff = f'<p class="muted">diff not held: this ledger lacks the {" and the ".join(s["missing"])} version</p>'
+            out.append(
+                f"<li><code>{_e(s['child'][:12])}</code> val_bpb {_bpb(s['val_bpb'])} "
+                f"(delta {_bpb(s['delta'], True)}, verified delta {_bpb(s['verified_delta'], True)}, "
+                f"{s['confirmations']} confirmation{'s' * (s['confirmations'] != 1)}) by "
+                f"{_peer(s['author'])} at {_when(s['time'])}: "
+                f'<span class="description">{_e(s["description"])}</span>{diff}</li>'
+            )  # fmt: skip
+        out.append("</ol>")
+    return "".join(out)
+
+
+def _peers(snap: Snapshot) -> str:
+    if not snap.peers:
+        return "<p>No peer has published anything yet.</p>"
+    header = ["", "peer", "experiments", "kept", "discarded", "crashed", "claims verified",
+              "claims refuted", "verifications made"]  # fmt: skip
+    rows = [
+        [f'<span class="swatch" style="background:{snap.colours[p["peer_id"]]}"></span>',
+         f"<code>{_e(p['peer_id'])}</code>", *(str(p[k]) for k in (
+             "experiments", "keep", "discard", "crash", "verified", "refuted", "verifications"))]
+        for p in snap.peers
+    ]  # fmt: skip
+    return _table("peers", header, rows)
+
+
+def _noise(snap: Snapshot) -> str:
+    if not snap.noise:
+        return "<p>Not measured yet: this node has no baseline runs.</p>"
+    rows = []
+    for profile, runs in snap.noise.items():
+        try:
+            margin = consensus.noise_margin(runs)
+            shown = (f"{margin:.4f} bpb ({consensus.DEFAULT_K:g} standard deviations of the "
+                     f"runs, at least {consensus.DEFAULT_FLOOR:g})")  # fmt: skip
+        except consensus.ConsensusError:
+            shown = f"not measured yet ({len(runs)} scored baseline run{'s' * (len(runs) != 1)}, 2 needed)"
+        rows.append(
+            [_e(profile), str(len(runs)), ", ".join(f"{x:.4f}" for x in runs) or "-", shown]
+        )
+    return _table("noise", ["profile", "baseline runs", "val_bpb", "margin in use"], rows)
+
+
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em;
+       color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } td { overflow-wrap: anywhere; }
+img.plot { max-width: 100%; border: 1px solid #eee; }
+pre { background: #f8f8f8; padding: 0.6em; overflow-x: auto; font-size: 12px; }
+.add { color: #116329; background: #e6ffec; } .del { color: #82071e; background: #ffebe9; }
+.hunk { color: #6639ba; } .muted { color: #777; }
+.swatch { display: inline-block; width: 0.9em; height: 0.9em; border-radius: 50%; }
+.lineage li { margin-bottom: 0.6em; }
+"""
+
+
+def render_html(snap: Snapshot, png: bytes) -> str:
+    """The page: plain HTML and inline CSS, the plot inside as a data URI; nothing to fetch."""
+    counts = Counter(r["outcome"] for r in snap.results)
+    if snap.results:
+        summary = (f"<p id=\"summary\">{len(snap.results)} experiments by {len(snap.peers)} peers: "
+                   f"{counts['keep']} kept, {counts['discard']} discarded, {counts['crash']} crashed; "
+                   f"{len(snap.verified)} verified wins, {len(snap.refuted)} refuted claims "
+                   f"(quorum {snap.quorum}).</p>")  # fmt: skip
+    else:
+        summary = '<p id="summary">Nothing was tried yet: this ledger holds no experiment.</p>'
+    image = base64.b64encode(png).decode()
+    campaign = ", ".join(_e(c) for c in snap.campaigns) or "-"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>research-swarm report</title>
+<style>{CSS}</style></head>
+<body>
+<h1>research-swarm report</h1>
+<p class="muted">Ledger <code>{_e(snap.path)}</code>, read at
+<span id="read-at">{_when(snap.read_at)}</span>. Campaign: {campaign}.</p>
+{summary}
+<img class="plot" alt="val_bpb per experiment over time" src="data:image/png;base64,{image}">
+<h2>Leaderboard</h2>
+<p>The best verified versions per profile: confirmed by at least {snap.quorum} peer(s) other
+than the author, measuring with the same harness.</p>
+{_leaderboard(snap)}
+<h2>Lineage of the best version</h2>
+{_lineages(snap)}
+<h2>Peers</h2>
+{_peers(snap)}
+<h2>Noise margin</h2>
+<p>A node keeps a change, or confirms a peer's, only when it beats its parent by more than this
+margin, measured from the node's own repeated runs of the baseline.</p>
+{_noise(snap)}
+</body></html>
+"""
+
+
+# ---------------------------------------------------------------- the command
+
+
+def write_report(
+    ledger: Ledger, out: Path, quorum: int | None = None, now_ms: int | None = None
+) -> tuple[Path, Path]:
+    """Write report.png and report.html into `out` (created if missing); returns their paths."""
+    snap = read_snapshot(ledger, quorum, now_ms)
+    png = plot(snap)
+    page = render_html(snap, png)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        paths = out / PNG_FILE, out / HTML_FILE
+        for path, data in zip(paths, (png, page.encode()), strict=True):
+            partial = path.with_name(path.name + ".partial")
+            partial.write_bytes(data)
+            os.replace(partial, path)
+    except OSError as exc:
+        raise ReportError(f"cannot write the report to {out}: {exc.strerror}") from None
+    return paths
