@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 
 import pytest
-from conftest import CAMPAIGN, make_result
+from conftest import CAMPAIGN, make_result, make_verification
 
 from node import consensus
 from node.agent.errors import AgentError
@@ -50,10 +50,29 @@ def test_a_node_verifies_open_claims_of_others_most_promising_first():
         vote("r9", "carol"),  # its author's own vote: still open
     ]
     picked = claims_to_verify(results, verifications, "me", "test", "h", quorum=1)
-    assert [r["id"] for r in picked] == ["r2", "r9", "r1"]
+    assert [r["id"] for r in picked] == ["r2", "r1", "r9"]  # carol's turn comes later: r6 was hers
     assert [r["id"] for r in claims_to_verify(results, verifications, "me", "test", "h", 2)] == [
-        "r8", "r2", "r7", "r9", "r1",
+        "r8", "r2", "r7", "r1", "r9",
     ]  # fmt: skip
+
+
+def test_a_flood_of_claims_by_one_author_does_not_starve_the_others():
+    flood = [row(f"f{i:03d}", "flooder", 0.5 + i / 1000) for i in range(500)]  # "better" claims
+    honest = [row("h1", "alice", 1.4), row("h2", "bob", 1.45), row("h3", "bob", 1.2)]
+    picked = claims_to_verify(flood + honest, [], "me", "test", "h", limit=4)
+    assert [r["id"] for r in picked] == ["f000", "h3", "h1", "f001"]  # one turn each, round-robin
+    # Once this node has judged a few of the flooder's claims, the others' come first.
+    judged = [vote(f"f{i:03d}", "me", "refute") for i in range(3)]
+    picked = claims_to_verify(flood + honest, judged, "me", "test", "h", limit=3)
+    assert [r["id"] for r in picked] == ["h3", "h1", "h2"]
+    waiting = claims_to_verify(flood, [], "me", "test", "h", limit=100, per_author=8)
+    assert len(waiting) == 8  # the rest of the flood waits: it is not even sorted into the queue
+
+
+def test_claims_of_peers_that_lost_standing_are_not_verified():
+    results = [row("r1", "faker", 0.1), row("r2", "alice", 1.4)]
+    picked = claims_to_verify(results, [], "me", "test", "h", skip={"faker"})
+    assert [r["id"] for r in picked] == ["r2"]
 
 
 def test_claims_on_the_frontier_come_first_so_a_chain_can_be_adopted_from_the_baseline():
@@ -176,3 +195,14 @@ def test_a_child_that_breaks_the_policy_is_refuted_without_running(book, alice, 
         and done.fact.body["child_val_bpb"] is None
     )
     assert book.rows("SELECT COUNT(*) AS n FROM runs") == [{"n": 0}]
+
+
+def test_a_node_stops_verifying_a_peer_whose_claims_the_swarm_refuted(book, alice, bob, carol):
+    fakes = [make_result(alice, seq, sha(BASELINE), f"{seq:064x}", 0.5, profile="test",
+                         harness=HARNESS) for seq in range(1, 5)]  # fmt: skip
+    for fake in fakes:
+        book.ingest(fake.raw)
+    assert len(ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS, limit=10)) == 4
+    for seq, fake in enumerate(fakes[:3], 1):
+        book.ingest(make_verification(carol, seq, fake, "refute", harness=HARNESS).raw)
+    assert ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS, limit=10) == []  # silenced

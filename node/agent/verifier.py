@@ -8,7 +8,7 @@ never runs a stranger's train.py that fails the node's checks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,20 +18,28 @@ from node.agent.errors import AgentError
 from node.agent.loop import Check, policy_check
 from node.identity import Identity
 from node.ledger import Ledger
+from node.standing import ledger_standing, silenced
 from node.trainer import Profile, RunResult, TokenData, run_experiment
 
 Run = Callable[..., RunResult]
 
 
+MAX_WAITING_PER_AUTHOR = 16  # open claims of one author considered at once; the rest wait
+
+
 def claims_to_verify(
     results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], me: str,
     profile: str, harness: str, quorum: int = 1, limit: int = 5, baseline: str | None = None,
+    skip: Collection[str] = (), per_author: int = MAX_WAITING_PER_AUTHOR,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
     """Kept claims of other peers on `profile`, measured with this node's `harness`, that this
-    node has not judged yet and the quorum has neither verified nor refuted. The frontier first:
-    claims built on the `baseline` or on a verified child, since only those can become the head
-    (a win on an unverified parent waits for its parent); then the lowest claimed val_bpb (the
-    likeliest next heads), ties by id. Pure: no I/O."""
+    node has not judged yet and the quorum has neither verified nor refuted, by authors not in
+    `skip` (those that lost standing). The frontier first: claims built on the `baseline` or on a
+    verified child, since only those can become the head (a win on an unverified parent waits
+    for its parent). Then round-robin across authors, the author this node has judged least
+    first, so that a flood of claims by one author cannot starve the others; each author's
+    claims by lowest claimed val_bpb (the likeliest next heads), ties by id, at most
+    `per_author` of them. Pure: no I/O."""
     results = [r for r in results if r["profile"] == profile and r["outcome"] == "keep"]
     claims = [
         r
@@ -48,17 +56,33 @@ def claims_to_verify(
     settled = set(consensus.verified_children(claims, verifications, quorum))
     refuted = consensus.refuted_claims(claims, verifications, quorum)
     open_claims = {
-        r["id"]: r for r in claims if r["id"] not in judged | settled | refuted
+        r["id"]: r
+        for r in claims
+        if r["id"] not in judged | settled | refuted and r["author"] not in skip
     }  # one per id, whatever the order of arrival
-    ranked = sorted(open_claims.values(), key=lambda r: (r["parent"] not in frontier, r["val_bpb"], r["id"]))
-    return ranked[:limit]
+    served: dict[str, int] = {}  # claims of each author this node has judged already
+    for rid in judged:
+        if rid in by_id:
+            served[by_id[rid]["author"]] = served.get(by_id[rid]["author"], 0) + 1
+    queues: dict[tuple[bool, str], list[Mapping[str, Any]]] = {}
+    for r in sorted(open_claims.values(), key=lambda r: (r["val_bpb"], r["id"])):
+        queue = queues.setdefault((r["parent"] not in frontier, r["author"]), [])
+        if len(queue) < per_author:
+            queue.append(r)
+    ranked = sorted(
+        ((later, served.get(author, 0) + turn, r["val_bpb"], r["id"]), r)
+        for (later, author), queue in queues.items()
+        for turn, r in enumerate(queue)
+    )  # fmt: skip
+    return [r for _, r in ranked[:limit]]
 
 
 def ledger_claims_to_verify(
     ledger: Ledger, me: str, profile: str, harness: str, quorum: int = 1, limit: int = 5,
     baseline: str | None = None,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
-    """`claims_to_verify` over the ledger's results and verifications on `profile`."""
+    """`claims_to_verify` over the ledger's results and verifications on `profile`, skipping the
+    claims of peers that lost standing in this node's eyes (`node.standing`)."""
     results = ledger.rows(
         "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description "
         "FROM results WHERE profile = ? AND outcome = 'keep'",
@@ -68,7 +92,10 @@ def ledger_claims_to_verify(
         "SELECT result, author, verdict, profile, harness FROM verifications WHERE profile = ?",
         (profile,),
     )
-    return claims_to_verify(results, verifications, me, profile, harness, quorum, limit, baseline)
+    skip = silenced(ledger_standing(ledger, quorum))
+    return claims_to_verify(
+        results, verifications, me, profile, harness, quorum, limit, baseline, skip=skip
+    )
 
 
 @dataclass(frozen=True)
