@@ -130,3 +130,43 @@ def test_the_ledger_charges_a_signed_replay_to_its_author_not_the_relay(
     assert standing[bob.peer_id].failed == 1 and not standing[bob.peer_id].silenced
     assert standing[carol.peer_id].offences == {"flood": 40, "junk": 2}
     assert standing[carol.peer_id].silenced  # two junk frames and a flood: 24 points
+
+
+def test_the_gossip_layer_drops_facts_of_a_peer_that_lost_standing(tmp_path, alice, bob, carol):
+    from types import SimpleNamespace
+
+    from libp2p.peer.id import ID
+
+    from node.gossip import GossipConfig
+    from node.gossip.peer import GossipNode
+    from node.identity import Identity
+
+    def message(relay, fact):
+        return SimpleNamespace(from_id=ID.from_base58(relay.peer_id).to_bytes(), data=fact.raw)
+
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        node = GossipNode(GossipConfig(home=tmp_path, campaign=CAMPAIGN), Identity.generate(), book)
+        fakes = [make_result(alice, seq, BASELINE, f"{seq:064x}", 0.2) for seq in (1, 2, 3)]
+        votes = [make_verification(carol, seq, f, "refute") for seq, f in enumerate(fakes, 1)]
+        for fact in fakes + votes:
+            assert node._validate(ID.from_base58(bob.peer_id), message(bob, fact))
+        assert node.silenced == set()
+        node.update_standing()
+        assert node.silenced == {alice.peer_id}
+        later = make_result(alice, 4, BASELINE, "44" * 32, 0.1)
+        # Relayed by an honest peer or sent by alice herself: dropped either way, and not stored.
+        assert not node._validate(ID.from_base58(bob.peer_id), message(bob, later))
+        assert not node._validate(ID.from_base58(alice.peer_id), message(alice, later))
+        honest = make_result(bob, 1, BASELINE, "55" * 32, 1.4)
+        assert node._validate(ID.from_base58(bob.peer_id), message(bob, honest))
+        assert node.keep_standing([later.raw, honest.raw]) == [honest.raw]  # what sync stores
+        assert node.counts["dropped"] == 3
+        assert not book.rows("SELECT id FROM facts WHERE id = ?", (later.id,))
+        status = node.status()
+        assert status["silenced"] == [alice.peer_id]
+        assert status["standing"][0]["peer"] == alice.peer_id
+        assert status["standing"][0]["reasons"] == ["3 of its 3 settled claims failed"]
+        for _ in range(3):  # the gossip layer's own refusals outlive a restart: in the ledger
+            node._penalise(bob.peer_id, 0.2, "flood")
+        node.update_standing()
+        assert node.standing[bob.peer_id].offences == {"flood": 3}

@@ -83,4 +83,6 @@ def read_status(home: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
-        raise GossipError(f"no gossip status in {home}: is `swarm peer --home {home}` running?") from None
+        raise GossipError(
+            f"no gossip status in {home}: is `swarm peer --home {home}` running?"
+        ) from None

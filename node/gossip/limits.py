@@ -34,6 +34,7 @@ class Limits:
     max_blob: int = 8 << 20  # a version or diff fetched by hash
     max_streams: int = 2  # our protocol's streams one peer may have open at once, per protocol
     sync_gap: float = 2.0  # seconds between two syncs we serve to one peer (each costs a query)
+    standing_every: float = 2.0  # seconds between two judgements of every peer's standing
 
 
 @dataclass
@@ -115,7 +116,11 @@ class PeerBook:
         return list(entry.addrs) if entry else []
 
     def entries(self, peers: set[str]) -> list[tuple[str, list[str]]]:
-        return [(p, list(self._peers[p].addrs)) for p in peers if p in self._peers and self._peers[p].addrs]
+        return [
+            (p, list(self._peers[p].addrs))
+            for p in peers
+            if p in self._peers and self._peers[p].addrs
+        ]
 
     def candidates(self, skip: set[str]) -> list[str]:
         """Peers worth dialing now: known addresses, not connected, not banned, backoff over."""
@@ -137,7 +142,9 @@ class PeerBook:
     def allow_message(self, peer: str) -> bool:
         """Token bucket per origin peer: `rate` a second, `burst` at once."""
         entry, now = self._get(peer), time.monotonic()
-        entry.tokens = min(self.limits.burst, entry.tokens + (now - entry.tokens_at) * self.limits.rate)
+        entry.tokens = min(
+            self.limits.burst, entry.tokens + (now - entry.tokens_at) * self.limits.rate
+        )
         entry.tokens_at = now
         if entry.tokens < 1:
             return False

@@ -1,8 +1,9 @@
 """One gossiping node: a libp2p host, GossipSub on the campaign's topic, and our own protocols.
 
 Every message from a peer passes `wire.decode` and the ledger before it is accepted or forwarded;
-peers that send invalid facts, junk frames or floods are penalised, then banned. A crash of the
-host restarts it with the same key, ledger and address book. Trio stays inside this package.
+peers that send invalid facts, junk frames or floods are penalised, then banned; facts by peers
+that lost standing (`node.standing`) are dropped. A crash of the host restarts it with the same
+key, ledger and address book. Trio stays inside this package.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import multiaddr
 import trio
 from libp2p import new_host
@@ -29,7 +31,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 from libp2p.tools.anyio_service import background_trio_service
 
-from node import wire
+from node import standing, wire
 from node.errors import SwarmError
 from node.gossip import protocols
 from node.gossip.limits import Limits, PeerBook
@@ -40,6 +42,10 @@ log = logging.getLogger("swarm.gossip")
 STATUS_FILE = "gossip.json"  # inside the node's home: what `swarm peers` shows
 _SIGNED_REASONS = (wire.Reason.replay, wire.Reason.seq_backwards, wire.Reason.future_time)
 _CAMPAIGN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # as wire.decode checks it
+# What the gossip layer refuses before the ledger sees it; recorded in the ledger's rejections so
+# that standing, unlike a ban, survives a restart.
+_OFFENCES = ("flood", "junk", "libp2p_signature", "protocol")
+_MAX_STANDING_SHOWN = 64  # peers listed in the status file, silenced ones first
 
 
 class GossipError(SwarmError):
@@ -55,7 +61,9 @@ def parse_multiaddr(text: str, need_peer_id: bool = False) -> multiaddr.Multiadd
     try:
         addr = multiaddr.Multiaddr(text)
     except Exception as exc:
-        raise GossipError(f"{text!r} is not a multiaddr ({exc}); e.g. /ip4/127.0.0.1/tcp/4001") from None
+        raise GossipError(
+            f"{text!r} is not a multiaddr ({exc}); e.g. /ip4/127.0.0.1/tcp/4001"
+        ) from None
     if need_peer_id and "/p2p/" not in text:
         raise GossipError(f"{text!r} lacks /p2p/<peer id>: copy the full address the peer printed")
     return addr
@@ -76,7 +84,9 @@ def check_port_free(listen: str) -> None:
         try:
             probe.bind((ip, port))
         except OSError as exc:
-            raise GossipError(f"cannot listen on {listen}: {exc.strerror}; pick another port") from None
+            raise GossipError(
+                f"cannot listen on {listen}: {exc.strerror}; pick another port"
+            ) from None
 
 
 def dialable_addrs(addrs: list[str], peer_id: str) -> list[str]:
@@ -106,6 +116,7 @@ class GossipConfig:
     campaign: str | None = None  # None: discovery and sync only (a bare bootstrap)
     publish_every: float = 0.0  # seconds between synthetic results (tests, benchmarks); 0: never
     publish_count: int = 0  # stop after this many synthetic results; 0: no limit
+    quorum: int | None = None  # standing judges by it; None: the campaign fact's quorum, else 1
     limits: Limits = field(default_factory=Limits)
 
 
@@ -169,6 +180,19 @@ def _origin(msg: Any) -> str:
         return "?"
 
 
+def author_of(raw: Any) -> str | None:
+    """The peer id a message claims as its author, unchecked: enough to drop it, never to trust it."""
+    try:
+        envelope = msgpack.unpackb(bytes(raw), raw=False, strict_map_key=False, max_bin_len=1 << 20,
+                                   max_str_len=1 << 20, max_array_len=8192, max_map_len=8192)  # fmt: skip
+        author = envelope.get("author") if isinstance(envelope, dict) else None
+        if isinstance(author, bytes) and len(author) == 32:
+            return peer_id_from_public_key(author)
+    except Exception:
+        pass
+    return None
+
+
 class GossipNode:
     """The node's side of the swarm; `run()` blocks (inside trio) until cancelled."""
 
@@ -188,7 +212,11 @@ class GossipNode:
         self.listen = parse_multiaddr(config.listen)
         self.topic = topic_for(config.campaign) if config.campaign else None
         self.counts = dict.fromkeys(("accepted", "rejected", "published", "synced", "fetched",
-                                     "rate_limited", "junk", "restarts", "dials_failed"), 0)  # fmt: skip
+                                     "rate_limited", "junk", "dropped", "restarts", "dials_failed"),
+                                    0)  # fmt: skip
+        self.standing: dict[str, standing.Standing] = {}
+        self.silenced: set[str] = set()  # peers that lost standing: their facts are dropped
+        self._offences: dict[tuple[str, str], int] = {}  # not yet in the ledger
         self.addrs: list[str] = []
         self.host: Any = None
         self.pubsub: Any = None
@@ -248,6 +276,7 @@ class GossipNode:
                 nursery.start_soon(self._maintain)
                 nursery.start_soon(self._status_loop)
                 nursery.start_soon(self._fetch_loop)
+                nursery.start_soon(self._standing_loop)
                 if self.topic:
                     nursery.start_soon(self._own_facts_loop)
                     if self.config.publish_every > 0:
@@ -264,6 +293,9 @@ class GossipNode:
         if self.book.is_banned(peer):
             return False
         origin = _origin(msg)
+        if self.silenced and (origin in self.silenced or author_of(msg.data) in self.silenced):
+            self.counts["dropped"] += 1  # neither stored nor forwarded; no penalty: it is valid
+            return False
         if not self.book.allow_message(origin):
             # Drop the flood at every hop; blame only its source, not honest relays.
             self.counts["rate_limited"] += 1
@@ -311,15 +343,54 @@ class GossipNode:
 
     def _on_bad_signature(self, peer_id: ID) -> None:
         self.counts["rejected"] += 1
-        self._penalise(peer_id.to_base58(), self.limits.invalid_penalty, "libp2p signature")
+        self._penalise(peer_id.to_base58(), self.limits.invalid_penalty, "libp2p_signature")
 
     def _penalise(self, peer: str, points: float, why: str) -> None:
+        key = (peer, why)
+        room = key in self._offences or len(self._offences) < self.limits.max_known
+        if why in _OFFENCES and room:
+            self._offences[key] = self._offences.get(key, 0) + 1
         if self.book.penalise(peer, points):
             log.warning("banning %s (%s)", peer, why)
             try:
                 self.pubsub.add_to_blacklist(ID.from_base58(peer))
             except Exception:
                 pass
+
+    # -------------------------------------------------------- standing of peers
+
+    def quorum(self) -> int:
+        if self.config.quorum is not None:
+            return self.config.quorum
+        rows = self.ledger.rows("SELECT quorum FROM campaigns ORDER BY time LIMIT 1")
+        return rows[0]["quorum"] if rows else 1
+
+    def update_standing(self) -> None:
+        """Record the gossip layer's refusals in the ledger, then judge every peer again."""
+        offences, self._offences = self._offences, {}
+        if offences:
+            self.ledger.record_offences(offences)
+        self.standing = standing.ledger_standing(self.ledger, self.quorum())
+        now = standing.silenced(self.standing)
+        for peer in sorted(now - self.silenced):
+            log.warning("%s lost standing: %s", peer, "; ".join(self.standing[peer].reasons))
+        self.silenced = now
+
+    def keep_standing(self, raws: list[bytes]) -> list[bytes]:
+        """The facts of `raws` whose authors have standing; the others are counted and dropped."""
+        if not self.silenced:
+            return raws
+        kept = [raw for raw in raws if author_of(raw) not in self.silenced]
+        self.counts["dropped"] += len(raws) - len(kept)
+        return kept
+
+    async def _standing_loop(self) -> None:
+        while True:
+            try:
+                self.update_standing()
+            except Exception as exc:  # a busy ledger: judge again next time
+                log.warning("standing not updated: %s", exc)
+            await trio.sleep(self.limits.standing_every)
 
     # -------------------------------------------------------- publishing our own facts
 
@@ -383,7 +454,9 @@ class GossipNode:
                 px_every = 1.0 if now - self.started < 30 else 10.0
                 if connected and now - last_px > px_every:
                     last_px = now
-                    nursery.start_soon(protocols.exchange_peers, self, random.choice(sorted(connected)))
+                    nursery.start_soon(
+                        protocols.exchange_peers, self, random.choice(sorted(connected))
+                    )
                 if connected and now - last_resync > self.limits.resync_every:
                     last_resync = now
                     nursery.start_soon(protocols.sync_with, self, random.choice(sorted(connected)))
@@ -430,14 +503,22 @@ class GossipNode:
     # -------------------------------------------------------- status
 
     def status(self) -> dict:
-        connected = sorted(p.to_base58() for p in self.host.get_connected_peers()) if self.host else []
+        connected = (
+            sorted(p.to_base58() for p in self.host.get_connected_peers()) if self.host else []
+        )
         facts = self.ledger.rows("SELECT COUNT(*) AS n FROM facts")[0]["n"]
         return {
             "peer_id": self.peer_id, "addrs": self.addrs, "campaign": self.config.campaign,
             "topic": self.topic, "pid": os.getpid(), "time": time.time(),
             "connected": connected, "known": len(self.book), "banned": self.book.banned(),
+            "silenced": sorted(self.silenced), "standing": self._standing_shown(),
             "facts": facts, "first_peer_s": self.first_peer_s, "first_peer_at": self.first_peer_at, "counts": dict(self.counts),
         }  # fmt: skip
+
+    def _standing_shown(self) -> list[dict]:
+        order = {"silenced": 0, "watched": 1, "good": 2}
+        ranked = sorted(self.standing.values(), key=lambda s: (order[s.status], -s.claims, s.peer))
+        return [s.as_dict() for s in ranked[:_MAX_STANDING_SHOWN]]
 
     async def _status_loop(self) -> None:
         path = Path(self.config.home) / STATUS_FILE

@@ -102,7 +102,7 @@ async def sync_with(node: GossipNode, peer: str) -> int:
                 if not batch:
                     break
                 received += len(batch)
-                results = node.ledger.ingest_many(batch, from_peer=peer)
+                results = node.ledger.ingest_many(node.keep_standing(batch), from_peer=peer)
                 for item in results:
                     if isinstance(item, wire.Fact):
                         new += 1
