@@ -28,7 +28,7 @@ PNG_FILE, HTML_FILE = "report.png", "report.html"
 BOARD_LIMIT = 10  # versions shown per profile on the leaderboard
 COLOURED_PEERS = 10  # the most active peers get a colour each; the rest share grey
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-           "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]  # fmt: skip
+           "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79"]  # fmt: skip
 OTHER_COLOUR = "#b0b0b0"
 SHIPPED_BASELINE = Path(__file__).parent / "trainer" / "train.py"
 
@@ -166,7 +166,7 @@ def _peer_stats(
 def plot(snap: Snapshot) -> bytes:
     """The PNG: val_bpb per experiment over time, one panel per profile."""
     from matplotlib import dates as mdates
-    from matplotlib import transforms
+    from matplotlib import patheffects, transforms
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -184,12 +184,14 @@ def plot(snap: Snapshot) -> bytes:
         rows = [r for r in snap.results if r["profile"] == profile]
         when = lambda rs: mdates.date2num([_utc(r["time"]) for r in rs])  # noqa: E731
         top = transforms.blended_transform_factory(ax.transData, ax.transAxes)
-        for peer in {r["author"] for r in rows}:
+        authors = {r["author"] for r in rows}
+        for peer in [p["peer_id"] for p in reversed(snap.peers) if p["peer_id"] in authors]:
+            # The least active first, so that the grey crowd of "other peers" lies underneath.
             colour = snap.colours.get(peer, OTHER_COLOUR)
             mine = [r for r in rows if r["author"] == peer]
             kept = [r for r in mine if r["outcome"] == "keep" and r["val_bpb"] is not None]
-            dropped = [r for r in mine if r["outcome"] != "keep" and r["val_bpb"] is not None]
-            crashed = [r for r in mine if r["val_bpb"] is None]
+            dropped = [r for r in mine if r["outcome"] == "discard" and r["val_bpb"] is not None]
+            crashed = [r for r in mine if r["outcome"] == "crash" or r["val_bpb"] is None]
             wins = [r for r in kept if r["id"] in snap.verified]
             ax.scatter(when(kept), [r["val_bpb"] for r in kept], s=22, color=colour, zorder=3)
             ax.scatter(when(dropped), [r["val_bpb"] for r in dropped], s=22, facecolors="none",
@@ -208,7 +210,8 @@ def plot(snap: Snapshot) -> bytes:
             xs.append(max(rows[-1]["time"], xs[-1]))
             ys.append(ys[-1])
             ax.step(mdates.date2num([_utc(t) for t in xs]), ys, where="post", color="black",
-                    linewidth=1.3, zorder=5)  # fmt: skip
+                    linewidth=1.4, zorder=5,
+                    path_effects=[patheffects.withStroke(linewidth=3.5, foreground="white")])  # fmt: skip
         counts = Counter(r["outcome"] for r in rows)
         ax.set_title(f"profile {profile}: {len(rows)} experiments ({counts['keep']} kept, "
                      f"{counts['discard']} discarded, {counts['crash']} crashed)",
