@@ -64,7 +64,8 @@ def _documents(profile: Profile, cache: Path, progress: Progress) -> tuple[Calla
     """A function from split name to documents, and the hash of the text it reads."""
     kind, _, name = profile.data.partition(":")
     if kind == "embedded":
-        built = corpus.build_corpus(name, cache, progress)
+        with _heartbeat(progress, lambda s: f"corpus {name}: still building, {s:.0f} s"):  # slow fetches
+            built = corpus.build_corpus(name, cache, progress)
         return built.documents, built.sha256
     if kind == "web":
         if name not in webdata.WEB_CORPORA:
