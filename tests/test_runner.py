@@ -41,7 +41,7 @@ def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, s
     assert result.harness_sha256 == harness_sha256()
     assert result.profile == "test" and result.seed == 1 and len(result.train_py_sha256) == 64
     assert [e["event"] for e in events if e["event"] != "progress"] == [
-        "started", "train_start", "train_end", "eval_start", "result", "done"]
+        "started", "train_start", "train_end", "eval_start", "exported", "result", "done"]
     assert (tmp_path / "run" / "result.json").exists() and (tmp_path / "run" / "log.txt").exists()
 
 
@@ -62,11 +62,11 @@ def test_a_crashing_train_py_ends_as_crash_with_its_log_tail(tmp_path, small_dat
 
 
 def test_a_train_py_that_hangs_before_training_is_killed_at_the_startup_limit(tmp_path, small_data):
-    profile = dataclasses.replace(FAST, startup_seconds=3)
+    profile = dataclasses.replace(FAST, startup_seconds=8)  # importing torch takes 3 to 5 s on a busy machine
     began = time.monotonic()
     result = run_source(tmp_path, PRELUDE + "print('waiting', flush=True)\nwhile True:\n    pass\n",
                         profile=profile, data=small_data)
-    assert time.monotonic() - began < 20
+    assert time.monotonic() - began < 25
     assert result.outcome == "crash" and "startup ran past its limit" in result.error
     assert "waiting" in result.log_tail
 

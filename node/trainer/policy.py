@@ -15,21 +15,74 @@ MAX_BYTES = 64 * 1024  # a train.py larger than this is not one readable file
 MAX_LINES = 1500
 
 ALLOWED_MODULES = {
-    "math", "dataclasses", "functools", "itertools", "collections", "typing", "enum",
-    "torch", "torch.nn", "torch.nn.functional", "torch.optim", "torch.nn.init",
+    "math",
+    "dataclasses",
+    "functools",
+    "itertools",
+    "collections",
+    "typing",
+    "enum",
+    "torch",
+    "torch.nn",
+    "torch.nn.functional",
+    "torch.optim",
+    "torch.nn.init",
 }
-HARNESS_IMPORT = ("node.trainer.harness", "session")  # the only name a train.py may take from the node
+HARNESS_IMPORT = (
+    "node.trainer.harness",
+    "session",
+)  # the only name a train.py may take from the node
 # Builtins that open files, run code, or reach objects by name.
 BANNED_NAMES = {
-    "eval", "exec", "compile", "__import__", "open", "input", "breakpoint", "getattr", "setattr",
-    "delattr", "globals", "locals", "vars", "exit", "quit", "help", "memoryview", "__builtins__",
-    "__loader__", "__spec__", "copyright", "credits", "license",
+    "eval",
+    "exec",
+    "compile",
+    "__import__",
+    "open",
+    "input",
+    "breakpoint",
+    "getattr",
+    "setattr",
+    "delattr",
+    "globals",
+    "locals",
+    "vars",
+    "exit",
+    "quit",
+    "help",
+    "memoryview",
+    "__builtins__",
+    "__loader__",
+    "__spec__",
+    "copyright",
+    "credits",
+    "license",
 }
-# Attributes that read or write files, load native code, spawn processes or reach torch's internals.
+# Attributes that read or write files, load native code, spawn processes, reach torch's internals
+# or lift the harness's limits.
 BANNED_ATTRIBUTES = {
-    "load", "save", "hub", "from_file", "cpp_extension", "load_library", "load_inline", "_C",
-    "classes", "package", "multiprocessing", "distributed", "library", "export", "onnx",
-    "storage", "untyped_storage", "data_ptr",
+    "load",
+    "save",
+    "hub",
+    "from_file",
+    "cpp_extension",
+    "load_library",
+    "load_inline",
+    "_C",
+    "classes",
+    "package",
+    "multiprocessing",
+    "distributed",
+    "library",
+    "export",
+    "onnx",
+    "storage",
+    "untyped_storage",
+    "data_ptr",
+    # the GPU memory cap the harness set, and allocators that load native code
+    "set_per_process_memory_fraction",
+    "change_current_allocator",
+    "CUDAPluggableAllocator",
 }
 ALLOWED_DUNDERS = {"__init__", "__name__", "__call__", "__main__"}
 ALLOWED_PRIVATE_PREFIXES = ("_foreach_",)  # torch's fused multi-tensor ops
@@ -48,8 +101,13 @@ def check_source(source: str) -> list[Violation]:
     """Every rule `source` breaks, in line order; an empty list means it may run."""
     size = len(source.encode("utf-8"))
     if size > MAX_BYTES or source.count("\n") > MAX_LINES:
-        return [Violation(0, f"train.py is {size:,} bytes and {source.count(chr(10)):,} lines; "
-                             f"the limits are {MAX_BYTES:,} bytes and {MAX_LINES:,} lines")]
+        return [
+            Violation(
+                0,
+                f"train.py is {size:,} bytes and {source.count(chr(10)):,} lines; "
+                f"the limits are {MAX_BYTES:,} bytes and {MAX_LINES:,} lines",
+            )
+        ]
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
@@ -61,18 +119,27 @@ def check_source(source: str) -> list[Violation]:
 def _check(node: ast.AST) -> list[Violation]:
     line = getattr(node, "lineno", 0)
     if isinstance(node, ast.Import):
-        return [Violation(line, f"import of {a.name!r} is not allowed") for a in node.names
-                if a.name not in ALLOWED_MODULES]
+        return [
+            Violation(line, f"import of {a.name!r} is not allowed")
+            for a in node.names
+            if a.name not in ALLOWED_MODULES
+        ]
     if isinstance(node, ast.ImportFrom):
         if node.level:
             return [Violation(line, "relative imports are not allowed")]
         if node.module == HARNESS_IMPORT[0]:
-            return [Violation(line, f"only `session` may be imported from the harness, not {a.name!r}")
-                    for a in node.names if a.name != HARNESS_IMPORT[1]]
+            return [
+                Violation(line, f"only `session` may be imported from the harness, not {a.name!r}")
+                for a in node.names
+                if a.name != HARNESS_IMPORT[1]
+            ]
         if node.module not in ALLOWED_MODULES:
             return [Violation(line, f"import from {node.module!r} is not allowed")]
-        return [Violation(line, f"import of {a.name!r} is not allowed") for a in node.names
-                if a.name in BANNED_ATTRIBUTES or a.name in BANNED_NAMES or a.name == "*"]
+        return [
+            Violation(line, f"import of {a.name!r} is not allowed")
+            for a in node.names
+            if a.name in BANNED_ATTRIBUTES or a.name in BANNED_NAMES or a.name == "*"
+        ]
     if isinstance(node, ast.Name) and node.id in BANNED_NAMES:
         return [Violation(line, f"use of {node.id!r} is not allowed")]
     if isinstance(node, ast.Name) and node.id.startswith("__") and node.id not in ALLOWED_DUNDERS:
@@ -81,7 +148,11 @@ def _check(node: ast.AST) -> list[Violation]:
         return _check_attribute(node.attr, line)
     if isinstance(node, (ast.Global, ast.Nonlocal)) and any(n.startswith("_") for n in node.names):
         return [Violation(line, "rebinding private names is not allowed")]
-    if isinstance(node, ast.Constant) and isinstance(node.value, str) and _mentions_banned(node.value):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and _mentions_banned(node.value)
+    ):
         return [Violation(line, f"string {node.value[:40]!r} names a banned builtin or dunder")]
     return []
 
@@ -90,14 +161,26 @@ def _check_attribute(attr: str, line: int) -> list[Violation]:
     if attr in ALLOWED_DUNDERS:
         return []
     if attr in BANNED_ATTRIBUTES:
-        return [Violation(line, f"attribute {attr!r} is not allowed (files, native code, processes or torch internals)")]
+        return [
+            Violation(
+                line,
+                f"attribute {attr!r} is not allowed (files, native code, processes or torch internals)",
+            )
+        ]
     if attr.startswith("__") and attr not in ALLOWED_DUNDERS:
         return [Violation(line, f"dunder attribute {attr!r} is not allowed")]
     if attr.startswith("_") and not attr.startswith(ALLOWED_PRIVATE_PREFIXES):
-        return [Violation(line, f"private attribute {attr!r} is not allowed (the harness's state is not train.py's)")]
+        return [
+            Violation(
+                line,
+                f"private attribute {attr!r} is not allowed (the harness's state is not train.py's)",
+            )
+        ]
     return []
 
 
 def _mentions_banned(text: str) -> bool:
     """A string that is exactly a banned name (bait for getattr-like lookups through containers)."""
-    return text in BANNED_NAMES or (text.startswith("__") and text.endswith("__") and text not in ALLOWED_DUNDERS)
+    return text in BANNED_NAMES or (
+        text.startswith("__") and text.endswith("__") and text not in ALLOWED_DUNDERS
+    )

@@ -26,6 +26,7 @@ class Profile:
     grace_seconds: float = 30  # killed when training runs past budget + grace
     eval_seconds: float = 300  # the runner's limit for the evaluation
     threads: int = 0  # CPU threads for torch (0: torch's default, all cores)
+    gpu_memory_fraction: float = 0.9  # share of the GPU's memory a run may allocate (CUDA only)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -14,14 +14,19 @@ import json
 import math
 import os
 import select
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from node.trainer.data import TokenData
 from node.trainer.errors import TrainerError
@@ -32,10 +37,32 @@ from node.trainer.sandbox import (
     clean_environment,
     limit_resources,
     sandbox_available,
+    sandbox_uid,
+    task_limit,
 )
 
-HARNESS_FILES = ("corpus.py", "data.py", "harness.py", "policy.py", "profiles.py", "runner.py", "sandbox.py",
-                 "tokenizer.py", "webdata.py")
+HARNESS_FILES = (
+    "corpus.py",
+    "data.py",
+    "harness.py",
+    "policy.py",
+    "profiles.py",
+    "runner.py",
+    "sandbox.py",
+    "scorer.py",
+    "tokenizer.py",
+    "webdata.py",
+)
+PACKAGE = Path(__file__).resolve().parents[1]  # node/: both processes import the harness from it
+# What each process may report; anything else on its pipe is ignored, and a score from the
+# training process is a forgery (only the scorer scores).
+TRAINING_EVENTS = frozenset(
+    {"started", "train_start", "progress", "train_end", "eval_start", "exported", "export_failed"}
+)
+SCORER_EVENTS = frozenset({"result", "refused"})
+MODEL_FILE = "model.pt2"  # what the training process exports into its run folder for the scorer
+MAX_MODEL_BYTES = 16 << 30  # a larger exported model is not copied, nor scored
+CPU_BATCH_TOKENS, CUDA_BATCH_TOKENS = 2**14, 2**17  # tokens per evaluation batch
 LOG_TAIL_LINES = 40
 # Dense bf16 matrix rate by device name, for MFU; override with SWARM_PEAK_FLOPS.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12}
@@ -120,68 +147,249 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_experiment(train_py: Path, profile: Profile, data: TokenData, run_dir: Path, seed: int = 0,
-                   on_event: OnEvent = lambda _: None, sandbox: bool | None = None,
-                   cancel: threading.Event | None = None, gpu: int | None = None) -> RunResult:
+def run_experiment(
+    train_py: Path,
+    profile: Profile,
+    data: TokenData,
+    run_dir: Path,
+    seed: int = 0,
+    on_event: OnEvent = lambda _: None,
+    sandbox: bool | None = None,
+    cancel: threading.Event | None = None,
+    gpu: int | None = None,
+) -> RunResult:
     """Run `train_py` once under `profile` and return what the harness measured.
 
-    The source passes the static policy first (a version that fails never runs). `sandbox`:
-    True requires bubblewrap, False runs without it, None uses it where the machine has it.
-    `cancel` set while it runs ends the run and raises RunCancelled (a stop, not a result);
-    `gpu` picks one CUDA device for the run.
+    The source passes the static policy first (a version that fails never runs). Training runs
+    in one process that never sees validation data; the scorer scores the model it exported in
+    a second one. `sandbox`: True requires bubblewrap, False runs without it, None uses it where
+    the machine has it. `cancel` set while it runs ends the run and raises RunCancelled (a stop,
+    not a result); `gpu` picks one CUDA device for the run.
     """
     try:
         source = train_py.read_bytes()
     except OSError as exc:
-        raise TrainerError(f"cannot read {train_py}: {exc.strerror}; pass an existing file with --train-py") from exc
+        raise TrainerError(
+            f"cannot read {train_py}: {exc.strerror}; pass an existing file with --train-py"
+        ) from exc
     require_device(profile)
     if sandbox and not sandbox_available():
-        raise TrainerError("no sandbox on this machine: install bubblewrap (apt-get install bubblewrap), "
-                           "or run without one only for code you trust (--no-sandbox)")
+        raise TrainerError(
+            "no sandbox on this machine: install bubblewrap (apt-get install bubblewrap), "
+            "or run without one only for code you trust (--no-sandbox)"
+        )
     use_sandbox = sandbox_available() if sandbox is None else sandbox
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train.py").write_bytes(source)
-    config = {
-        "profile": profile.as_dict(), "seed": seed, "train_py": str(run_dir / "train.py"),
-        "data": {"train_path": str(data.train_path), "val_path": str(data.val_path),
-                 "token_bytes_path": str(data.token_bytes_path), "vocab_size": data.manifest["vocab_size"]},
+    rows, batch_size = eval_shape(
+        data.val_path.stat().st_size // 2, profile.seq_len, profile.eval_tokens, profile.device
+    )
+    config = {  # no validation path: the training process has no business with it
+        "profile": profile.as_dict(),
+        "seed": seed,
+        "train_py": str(run_dir / "train.py"),
+        "data": {"train_path": str(data.train_path), "vocab_size": data.manifest["vocab_size"]},
+        "eval": {"batch_size": batch_size, "model_path": str(run_dir / MODEL_FILE)},
     }
     (run_dir / "config.json").write_text(json.dumps(config, indent=1))
-    base = dict(train_py_sha256=hashlib.sha256(source).hexdigest(), harness_sha256=harness_sha256(),
-                profile=profile.name, seed=seed, data_sha256=data.sha256, run_dir=str(run_dir),
-                sandboxed=use_sandbox)
+    base = dict(
+        train_py_sha256=hashlib.sha256(source).hexdigest(),
+        harness_sha256=harness_sha256(),
+        profile=profile.name,
+        seed=seed,
+        data_sha256=data.sha256,
+        run_dir=str(run_dir),
+        sandboxed=use_sandbox,
+    )
     violations = check_source(source.decode("utf-8", "replace"))
     if violations:
         return _finish(_refused(violations, base), run_dir, on_event)
-    log_path = run_dir / "log.txt"
-    read_fd, write_fd = os.pipe()
-    package = Path(__file__).resolve().parents[1]  # node/: the harness must import in the child
-    env = clean_environment({"SWARM_STATUS_FD": str(write_fd), "PYTHONUNBUFFERED": "1", "HOME": str(run_dir),
-                             "PYTHONPATH": str(package.parent)})
-    if profile.threads:
-        env["OMP_NUM_THREADS"] = str(profile.threads)
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    cmd = [sys.executable, "-m", "node.trainer.harness", str(run_dir / "config.json")]
-    if use_sandbox:
-        cmd = bwrap_command(cmd, run_dir, [package, data.train_path, data.val_path, data.token_bytes_path],
-                            profile.device)
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=run_dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            pass_fds=(write_fd,), env=env, start_new_session=True,
-            preexec_fn=functools.partial(limit_resources, profile.device),
-        )
-    os.close(write_fd)
+    run = _Run(profile, use_sandbox, run_dir / "log.txt", gpu, on_event, cancel, time.monotonic())
+    uid = sandbox_uid() if use_sandbox else None
     try:
-        outcome = _watch(proc, read_fd, profile, started, on_event, cancel)
+        if uid is not None:
+            os.chown(run_dir, uid, uid)
+        cmd = [sys.executable, "-P", "-m", "node.trainer.harness", str(run_dir / "config.json")]
+        seen = run.process(
+            cmd,
+            TRAINING_EVENTS,
+            "startup",
+            [PACKAGE, data.train_path],
+            {"HOME": str(run_dir)},
+            uid,
+            run_dir=run_dir,
+        )
     finally:
-        os.close(read_fd)
-        _kill_group(proc)
-    outcome["total_seconds"] = time.monotonic() - started
-    return _finish(_result(outcome, base, profile, log_path), run_dir, on_event)
+        if uid is not None:
+            _give_back(run_dir)
+    if seen.get("exported") and seen.get("returncode") == 0 and "error" not in seen:
+        seen["score"] = _score(run, run_dir, data, seed, rows, batch_size)
+    seen["total_seconds"] = time.monotonic() - run.started
+    return _finish(_result(seen, base, profile, run.log_path), run_dir, on_event)
+
+
+@dataclass
+class _Run:
+    """What the two processes of one run share: the profile, the sandbox choice, the log, the clock."""
+
+    profile: Profile
+    sandbox: bool
+    log_path: Path
+    gpu: int | None
+    on_event: OnEvent
+    cancel: threading.Event | None
+    started: float
+
+    def process(
+        self,
+        cmd: list[str],
+        accepted: frozenset,
+        phase: str,
+        read_only: list[Path],
+        env_extra: dict,
+        uid: int | None,
+        run_dir: Path | None = None,
+        cwd: Path | None = None,
+        fds: tuple = (),
+    ) -> dict:
+        """Start `cmd` (sandboxed when the run is), follow its status pipe until it ends, reap it."""
+        read_fd, write_fd = os.pipe()
+        env = clean_environment(
+            {
+                "SWARM_STATUS_FD": str(write_fd),
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": str(PACKAGE.parent),
+                "USER": "sandbox",
+                "LOGNAME": "sandbox",
+                **env_extra,
+            }
+        )
+        if self.profile.threads:
+            env["OMP_NUM_THREADS"] = str(self.profile.threads)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        if self.sandbox:
+            cmd = bwrap_command(cmd, run_dir, read_only, self.profile.device, uid)
+        tasks = task_limit(uid) if self.sandbox else None
+        began = time.monotonic()
+        with self.log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=cwd or run_dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(write_fd, *fds),
+                env=env,
+                start_new_session=True,
+                preexec_fn=functools.partial(limit_resources, self.profile.device, tasks),
+            )
+        os.close(write_fd)
+        try:
+            return _watch(
+                proc,
+                read_fd,
+                self.profile,
+                phase,
+                self.started if phase == "startup" else began,
+                accepted,
+                self.on_event,
+                self.cancel,
+            )
+        finally:
+            os.close(read_fd)
+            _kill_group(proc)
+
+
+def _score(
+    run: _Run, run_dir: Path, data: TokenData, seed: int, rows: int, batch_size: int
+) -> dict:
+    """Score the exported model in a sandbox of its own; the validation tokens arrive in memory."""
+    profile = run.profile
+    with tempfile.TemporaryDirectory(prefix="swarm-score-") as folder:
+        model = Path(folder) / MODEL_FILE
+        try:
+            _copy_regular_file(run_dir / MODEL_FILE, model, MAX_MODEL_BYTES)
+        except OSError as exc:
+            return {"error": f"no score: the exported model cannot be read: {exc.strerror or exc}"}
+        tokens = np.memmap(data.val_path, dtype=np.uint16, mode="r")[: rows * profile.seq_len + 1]
+        token_bytes = np.load(data.token_bytes_path).astype(np.int32)
+        fds = (
+            _memory_file("val-tokens", tokens.tobytes()),
+            _memory_file("token-bytes", token_bytes.tobytes()),
+        )
+        config = {
+            "model": str(model),
+            "device": profile.device,
+            "threads": profile.threads,
+            "seed": seed,
+            "seq_len": profile.seq_len,
+            "rows": rows,
+            "batch_size": batch_size,
+            "vocab_size": len(token_bytes),
+            "gpu_memory_fraction": profile.gpu_memory_fraction,
+            "tokens_fd": fds[0],
+            "token_bytes_fd": fds[1],
+        }
+        cmd = [sys.executable, "-P", "-m", "node.trainer.scorer", json.dumps(config)]
+        uid = sandbox_uid() if run.sandbox else None
+        try:
+            return run.process(
+                cmd,
+                SCORER_EVENTS,
+                "score",
+                [PACKAGE, model],
+                {"HOME": "/tmp"},
+                uid,
+                cwd=Path(folder),
+                fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _memory_file(name: str, payload: bytes) -> int:
+    """An anonymous in-memory file holding `payload`, rewound: how the scorer gets validation data."""
+    fd = os.memfd_create(name, 0)
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _copy_regular_file(source: Path, target: Path, limit: int) -> None:
+    """Copy `source` if it is a plain file (not a link, not a device) of at most `limit` bytes."""
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as src:
+        info = os.fstat(src.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            raise OSError(f"{source.name} is not a plain file of at most {limit >> 30} GiB")
+        with target.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+
+
+def _give_back(run_dir: Path) -> None:
+    """The run folder and what the sandbox left in it back to this node's user (links not followed)."""
+    me = (os.geteuid(), os.getegid())
+    os.lchown(run_dir, *me)
+    for folder, dirs, files in os.walk(run_dir):
+        for name in dirs + files:
+            try:
+                os.lchown(os.path.join(folder, name), *me)
+            except OSError:
+                continue
+
+
+def eval_shape(val_tokens: int, seq_len: int, eval_tokens: int, device: str) -> tuple[int, int]:
+    """(sequences scored, sequences per batch): the export's input shape and the scorer's batches."""
+    rows = min(eval_tokens // seq_len, (val_tokens - 1) // seq_len)
+    if rows < 1:
+        raise TrainerError("the validation split is shorter than one sequence: rebuild the data")
+    per_batch = (CUDA_BATCH_TOKENS if device == "cuda" else CPU_BATCH_TOKENS) // seq_len
+    return rows, max(1, min(rows, per_batch))
 
 
 def require_device(profile: Profile) -> None:
@@ -190,7 +398,9 @@ def require_device(profile: Profile) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise TrainerError(f"profile {profile.name} needs a CUDA GPU and this machine has none; use --profile cpu")
+            raise TrainerError(
+                f"profile {profile.name} needs a CUDA GPU and this machine has none; use --profile cpu"
+            )
 
 
 def _finish(result: RunResult, run_dir: Path, on_event: OnEvent) -> RunResult:
@@ -202,17 +412,43 @@ def _finish(result: RunResult, run_dir: Path, on_event: OnEvent) -> RunResult:
 def _refused(violations: list, base: dict) -> RunResult:
     """The result of a version the policy refused: it never ran."""
     shown = "; ".join(str(v) for v in violations[:5]) + ("; ..." if len(violations) > 5 else "")
-    return RunResult(outcome="crash", val_bpb=None, steps=0, tokens=0, train_seconds=0.0, total_seconds=0.0,
-                     peak_memory_mb=None, mfu=None, error=f"refused by the policy: {shown}", **base)
+    return RunResult(
+        outcome="crash",
+        val_bpb=None,
+        steps=0,
+        tokens=0,
+        train_seconds=0.0,
+        total_seconds=0.0,
+        peak_memory_mb=None,
+        mfu=None,
+        error=f"refused by the policy: {shown}",
+        **base,
+    )
 
 
-def _watch(proc: subprocess.Popen, read_fd: int, profile: Profile, started: float, on_event: OnEvent,
-           cancel: threading.Event | None) -> dict:
-    """Follow the harness's events with the runner's own clock until the process ends or is killed."""
+def _watch(
+    proc: subprocess.Popen,
+    read_fd: int,
+    profile: Profile,
+    phase: str,
+    started: float,
+    accepted: frozenset,
+    on_event: OnEvent,
+    cancel: threading.Event | None,
+) -> dict:
+    """Follow one process's events with the runner's own clock until it ends or is killed.
+
+    Only the events in `accepted` count; a score sent by the training process is a forgery,
+    and ends the run as refused.
+    """
     seen: dict = {}
-    phase, phase_start, buffer = "startup", started, b""
-    limits = {"startup": profile.startup_seconds, "train": profile.budget_seconds + profile.grace_seconds,
-              "eval": profile.eval_seconds}
+    phase_start, buffer = started, b""
+    limits = {
+        "startup": profile.startup_seconds,
+        "train": profile.budget_seconds + profile.grace_seconds,
+        "eval": profile.eval_seconds,
+        "score": profile.eval_seconds,
+    }
     while True:
         if cancel is not None and cancel.is_set():
             _kill_group(proc)
@@ -220,7 +456,9 @@ def _watch(proc: subprocess.Popen, read_fd: int, profile: Profile, started: floa
         now = time.monotonic()
         if now - phase_start > limits[phase]:
             _kill_group(proc)
-            seen["error"] = f"timeout: {phase} ran past its limit of {limits[phase]:.0f} s"
+            seen.setdefault(
+                "error", f"timeout: {phase} ran past its limit of {limits[phase]:.0f} s"
+            )
             break
         ready, _, _ = select.select([read_fd], [], [], 0.2)
         if ready:
@@ -235,19 +473,39 @@ def _watch(proc: subprocess.Popen, read_fd: int, profile: Profile, started: floa
                     name = event["event"]
                 except (ValueError, KeyError, TypeError):
                     continue
+                if name not in accepted:
+                    if name in SCORER_EVENTS:
+                        seen.setdefault(
+                            "error",
+                            f"refused by the harness: the training process sent a {name!r} "
+                            f"event of its own; only the scorer scores",
+                        )
+                    continue
                 now = time.monotonic()
                 if name == "train_start":
                     seen["startup_seconds"] = now - started
                     phase, phase_start = "train", now
                 elif name == "eval_start" and phase == "train":
                     seen["train_seconds"] = now - phase_start
+                    seen["eval_started"] = now
                     phase, phase_start = "eval", now
                 elif name == "result":
-                    seen["eval_seconds"] = now - phase_start
-                elif name == "refused":  # the harness caught the model cheating
-                    seen["error"] = f"refused by the harness: {event.get('reason', '')}"
+                    seen["result_at"] = now
+                elif name == "refused":  # the scorer caught the model cheating
+                    seen.setdefault("error", f"refused by the harness: {event.get('reason', '')}")
+                elif name == "export_failed":
+                    seen.setdefault(
+                        "error",
+                        f"the model cannot be exported for scoring: {event.get('reason', '')}",
+                    )
                 seen[name] = event
-                on_event({**event, "phase": phase, "runner_elapsed": now - phase_start})
+                on_event(
+                    {
+                        **event,
+                        "phase": "eval" if phase == "score" else phase,
+                        "runner_elapsed": now - phase_start,
+                    }
+                )
         elif proc.poll() is not None:
             break
     seen["returncode"], seen["rss_mb"] = _reap(proc)
@@ -264,11 +522,13 @@ def _reap(proc: subprocess.Popen) -> tuple[int, float]:
 
 
 def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResult:
-    end, result = seen.get("train_end", {}), seen.get("result", {})
+    end, exported = seen.get("train_end", {}), seen.get("exported", {})
+    score = seen.get("score", {})
+    result = score.get("result", {})
     train_seconds = seen.get("train_seconds", 0.0)
     timed_tokens = end.get("tokens", 0) - end.get("warmup_tokens", 0)
     tps = timed_tokens / train_seconds if train_seconds > 0 and timed_tokens > 0 else None
-    flops, device_name = result.get("flops_per_token"), result.get("device_name")
+    flops, device_name = exported.get("flops_per_token"), exported.get("device_name")
     peak = _peak_flops(device_name)
     mfu = flops * tps / peak if flops and tps and peak else None
     error = seen.get("error")
@@ -277,12 +537,24 @@ def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResu
         error = f"train.py exited with code {seen.get('returncode')}"
         if seen.get("returncode") == -signal.SIGKILL:
             error += " (killed: out of memory?)"
-    if error is None and val_bpb is None:
+    if error is None and not exported:
         error = "no score: train.py ended without handing its model to session().finish(model)"
+    error = error or score.get("error")
+    if error is None and score.get("returncode") != 0:
+        error = f"the scorer exited with code {score.get('returncode')}"
+    if error is None and val_bpb is None:
+        error = "no score: the scorer reported none"
     if error is None and not math.isfinite(val_bpb):
         error = f"val_bpb is {val_bpb}: the model diverged (NaN or infinite loss)"
     if error is None and train_seconds > profile.budget_seconds + profile.grace_seconds:
-        error = f"training ran {train_seconds:.1f} s, past the budget of {profile.budget_seconds:.0f} s"
+        error = (
+            f"training ran {train_seconds:.1f} s, past the budget of {profile.budget_seconds:.0f} s"
+        )
+    eval_seconds = (
+        score["result_at"] - seen["eval_started"]
+        if "result_at" in score and "eval_started" in seen
+        else None
+    )
     return RunResult(
         outcome="crash" if error else "ok",
         val_bpb=None if error else val_bpb,
@@ -290,11 +562,11 @@ def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResu
         tokens=end.get("tokens", 0),
         train_seconds=round(train_seconds, 3),
         total_seconds=round(seen["total_seconds"], 3),
-        peak_memory_mb=result.get("peak_memory_mb") or seen.get("rss_mb") or None,
+        peak_memory_mb=exported.get("peak_memory_mb") or seen.get("rss_mb") or None,
         mfu=mfu,
         tokens_per_second=tps,
         startup_seconds=seen.get("startup_seconds"),
-        eval_seconds=seen.get("eval_seconds"),
+        eval_seconds=eval_seconds,
         eval_tokens=result.get("eval_tokens"),
         params=result.get("params"),
         flops_per_token=flops,
@@ -303,4 +575,3 @@ def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResu
         log_tail=_tail(log_path) if error else "",
         **base,
     )
-

@@ -1,9 +1,11 @@
-"""The sandbox around every run of `train.py`: bubblewrap on Linux, and a clean environment always.
+"""The sandbox around every run of `train.py` and of the scorer: bubblewrap on Linux, a clean environment always.
 
 Inside: no network, the system and Python read-only, the harness's code and the run's data files
 read-only, a private working directory and /tmp, no home directory (so no key, ledger or logs),
-its own process and /proc namespace, and an environment with no secrets. Limits on file size and,
-on the CPU, memory. Never bind anything the run does not need.
+its own process and /proc namespace, and an environment with no secrets. A node running as root
+runs the sandboxed process as an unprivileged user id of its own, with no capabilities, so that
+the limits on processes, file size and (on the CPU) memory bind it. Never bind anything the run
+does not need.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import resource
+import secrets
 import shutil
 import subprocess
 import sys
@@ -18,8 +21,22 @@ from pathlib import Path
 
 MAX_FILE_BYTES = 1 << 30  # the log and any file train.py writes; past it the run is killed
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
-ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf")
+ETC_FILES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "passwd",
+    "group",
+    "nsswitch.conf",
+)
 PASSED_ENV = ("LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+SANDBOX_UID_BASE = (
+    1 << 30
+)  # a root node runs each sandbox as a fresh uid above this, one no account uses
+MAX_TASKS = 512 + 32 * (
+    os.cpu_count() or 1
+)  # processes and threads one run may have (compile workers too)
 
 
 @functools.cache
@@ -28,8 +45,11 @@ def sandbox_available() -> bool:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return False
-    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(
+        [bwrap, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+        capture_output=True,
+        timeout=30,
+    )
     return probe.returncode == 0
 
 
@@ -47,10 +67,53 @@ def _bind(path: Path, writable: bool = False) -> list[str]:
     return ["--bind" if writable else "--ro-bind", str(path), str(path)]
 
 
-def bwrap_command(cmd: list[str], run_dir: Path, read_only: list[Path], device: str) -> list[str]:
-    """`cmd` wrapped in bubblewrap: only the listed paths, the run folder writable."""
-    args = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-            "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+def sandbox_uid() -> int | None:
+    """A fresh unprivileged uid for one sandboxed process, when this node runs as root (else None).
+
+    Root is exempt from the process limit and holds capabilities that lift the others, so a root
+    node drops to a uid of its own for each run: `setpriv` inside the sandbox, after bubblewrap
+    has set up the mounts. A node that is not root runs as itself.
+    """
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return None
+    return SANDBOX_UID_BASE + secrets.randbelow(1 << 30)
+
+
+def bwrap_command(
+    cmd: list[str], run_dir: Path | None, read_only: list[Path], device: str, uid: int | None = None
+) -> list[str]:
+    """`cmd` wrapped in bubblewrap: only the listed paths, the run folder (if any) writable.
+
+    With `uid`, bubblewrap (running as root) makes no user namespace, and `cmd` runs as `uid`
+    with no capabilities and no way to gain any (bubblewrap sets no_new_privs).
+    """
+    namespaces = (
+        ["--unshare-all"]
+        if uid is None
+        else [
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+        ]
+    )
+    args = [
+        shutil.which("bwrap") or "bwrap",
+        *namespaces,
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+    ]
     for name in SYSTEM_DIRS:
         if Path(name).exists():
             args += _bind(Path(name))
@@ -58,22 +121,73 @@ def bwrap_command(cmd: list[str], run_dir: Path, read_only: list[Path], device: 
         if (Path("/etc") / name).exists():
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     python_dirs = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), Path(sys.prefix)}
-    for path in sorted(python_dirs | set(read_only)):
-        if not any(str(path).startswith(d + "/") for d in SYSTEM_DIRS):
-            args += ["--ro-bind", str(path), str(path)]
+    bound = [
+        p
+        for p in sorted(python_dirs | set(read_only))
+        if not str(p).startswith(tuple(d + "/" for d in SYSTEM_DIRS))
+    ]
+    bound_all = bound + ([run_dir] if run_dir is not None else [])
+    # The folders above each bound path, made traversable: bubblewrap makes them 0700, which
+    # would shut out the unprivileged uid a root node runs the sandbox as.
+    for parent in sorted({a for p in bound_all for a in p.parents if a != Path("/")}):
+        args += ["--perms", "0755", "--dir", str(parent)]
+    for path in bound:
+        args += ["--ro-bind", str(path), str(path)]
     if device == "cuda":
         args += ["--ro-bind-try", "/sys", "/sys"]
         for node in sorted(Path("/dev").glob("nvidia*")):
             args += ["--dev-bind", str(node), str(node)]
-    args += [*_bind(run_dir, writable=True), "--chdir", str(run_dir)]
+    if run_dir is not None:
+        args += [*_bind(run_dir, writable=True), "--chdir", str(run_dir)]
+    else:
+        args += ["--chdir", "/tmp"]
+    if uid is not None:
+        cmd = [
+            shutil.which("setpriv") or "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+            *cmd,
+        ]
     return [*args, "--", *cmd]
 
 
-def limit_resources(device: str) -> None:
-    """Run in the child before exec: cap file size, drop core dumps, and cap memory on the CPU."""
+def tasks_of(uid: int) -> int:
+    """Processes and threads that `uid` runs now (what the kernel counts against RLIMIT_NPROC)."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = entry.stat()
+                if stat.st_uid == uid:
+                    count += sum(1 for _ in (entry / "task").iterdir())
+            except OSError:
+                continue
+    return count
+
+
+def limit_resources(device: str, tasks: int | None = None) -> None:
+    """Run in the child before exec: cap file size, drop core dumps, cap memory on the CPU, and
+    cap processes and threads at `tasks` (counted per user id, so binding only a uid other than 0).
+    """
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if tasks is not None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (tasks, tasks))
     if device == "cpu":  # CUDA reserves far more address space than it uses: no cap there
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         cap = int(memory * 0.75)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def task_limit(uid: int | None) -> int | None:
+    """RLIMIT_NPROC for a sandboxed process: MAX_TASKS of its own uid, or on top of what this
+    (non-root) user already runs; None for root without a uid to drop to (it would not bind)."""
+    if uid is not None:
+        return MAX_TASKS
+    if os.geteuid() == 0:
+        return None
+    return MAX_TASKS + tasks_of(os.geteuid())

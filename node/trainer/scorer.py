@@ -1,0 +1,270 @@
+"""The scorer: val_bpb of a trained model, in a process of its own that never runs `train.py`.
+
+The runner starts `python -m node.trainer.scorer CONFIG` in a fresh sandbox after the training
+process has exited. It reads the validation tokens from a memory file the runner filled (there
+is no validation file on its disk), loads the exported model with every door to code execution
+closed, refuses a graph that could reach files or keep state, checks causality, and scores.
+It must never import `train.py` or anything `train.py` could have written, but the model file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+MAX_MODEL_BYTES = 16 << 30  # a model file larger than this is refused unread
+# Aten ops that read files or write to the console: a model has no business with either.
+DENIED_OPS = {"from_file", "_print", "save", "load"}
+# Python-level events the scorer refuses once the model file is being read (see `_close_doors`).
+REFUSED_AUDIT_EVENTS = (
+    "pickle.find_class",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.fork",
+    "os.forkpty",
+    "subprocess.Popen",
+    "socket.",
+    "ctypes.dlopen",
+    "os.kill",
+    "os.killpg",
+)
+
+
+class LookAheadError(RuntimeError):
+    """The model's predictions depend on tokens after the one being predicted."""
+
+
+class ModelRefused(RuntimeError):
+    """The model file is not a program the scorer is willing to run."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a file that untrusted code wrote
+
+
+def _refuse_event(event: str, _args: tuple) -> None:
+    if event.startswith(REFUSED_AUDIT_EVENTS):
+        raise ModelRefused(f"the model file tried {event!r} while loading or running")
+
+
+def _close_doors() -> None:
+    """Shut the ways a crafted .pt2 could run code: pickle, torchbind objects, sympy's eval.
+
+    torch.export.load falls back to full pickle for some payloads and parses symbolic shapes
+    with sympy (which evaluates strings). A static, plain-tensor export needs none of that.
+    """
+    import sympy
+
+    sys.addaudithook(_refuse_event)  # cannot be removed once added
+    plain_load = torch.load
+
+    def weights_only_load(*args, **kwargs):
+        kwargs["weights_only"] = True
+        return plain_load(*args, **kwargs)
+
+    def refused(*_args, **_kwargs):
+        raise ModelRefused("the model file holds pickled objects or symbolic expressions")
+
+    torch.load = weights_only_load
+    torch._C._pickle_load_obj = refused
+    sympy.sympify = refused
+
+
+def _check_graph(program: torch.export.ExportedProgram) -> None:
+    """Only aten tensor ops, no file or console ops, and no state carried from one call to the next."""
+    signature = program.graph_signature
+    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+        raise ModelRefused(
+            "the model changes its own buffers or its input when called; "
+            "a scored model must be a pure function of its tokens"
+        )
+    if len(signature.user_inputs) != 1:
+        raise ModelRefused(
+            f"the model takes {len(signature.user_inputs)} inputs; it must take the tokens only"
+        )
+    for module in program.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        for node in graph.nodes if graph is not None else ():
+            if node.op == "call_function":
+                _check_op(node.target)
+            elif node.op in ("call_module", "call_method"):
+                raise ModelRefused(
+                    f"the model's graph calls {node.op} {node.target!r}; only aten ops are allowed"
+                )
+
+
+def _check_op(target) -> None:
+    if target is operator.getitem:
+        return
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        raise ModelRefused(
+            f"the model calls {target!r}; only aten ops are allowed in a scored model"
+        )
+    name = target._schema.name.split("::")[-1]
+    if name in DENIED_OPS or any(
+        "file" in a.name or "path" in a.name for a in target._schema.arguments
+    ):
+        raise ModelRefused(f"the model calls aten.{name}, which reaches files or the console")
+
+
+def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, int]:
+    """The exported program at `path` as a callable module, and its parameter count."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_MODEL_BYTES:
+            raise ModelRefused(
+                f"the model file is {size / 2**30:.1f} GiB, over the limit of {MAX_MODEL_BYTES >> 30} GiB"
+            )
+        _close_doors()
+        try:
+            program = torch.export.load(f)
+        except ModelRefused:
+            raise
+        except Exception as exc:
+            raise ModelRefused(
+                f"the model file does not load as an exported program: {type(exc).__name__}: "
+                f"{str(exc)[:300]}"
+            ) from exc
+    _check_graph(program)
+    params = sum(p.numel() for p in program.parameters())
+    return program.module().to(device), params
+
+
+# ---------------------------------------------------------------------------------------------
+# The score
+
+
+def check_causal(model, x: torch.Tensor, logits: torch.Tensor, tolerance: float = 1e-3) -> None:
+    """Change every token after a cut and require the predictions up to the cut to stay the same.
+
+    Done on the first scored batch itself, in the same mode and precision as the scoring; the
+    model is a pure function (no state), so it cannot tell the check from the evaluation.
+    """
+    cut = x.size(1) // 2
+    changed = x.clone()
+    changed[:, cut + 1 :] = (
+        x[:, cut + 1 :] + 1 + torch.randint_like(x[:, cut + 1 :], 1000)
+    ) % logits.size(-1)
+    before = logits[:, : cut + 1].float()
+    if not torch.isfinite(before).all():
+        return  # a diverged model: the score itself will say so
+    moved = (model(changed)[:, : cut + 1].float() - before).abs().max().item()
+    if not moved <= tolerance * (1 + before.abs().max().item()):
+        raise LookAheadError(
+            f"the model looks ahead: its predictions up to position {cut} changed by {moved:.3g} "
+            f"when only later tokens changed; a language model may use past tokens only"
+        )
+
+
+@torch.no_grad()
+def evaluate_bpb(
+    model,
+    tokens: np.ndarray,
+    token_bytes: np.ndarray,
+    seq_len: int,
+    rows: int,
+    batch_size: int,
+    device: torch.device,
+) -> dict:
+    """Bits per byte of `model` on the first `rows` sequences of `tokens` (their targets).
+
+    Sum of per-target cross-entropy in nats, over ln 2 times the UTF-8 bytes those targets
+    stand for (from each token's raw bytes); targets that are special tokens (0 bytes) are
+    left out of both sums. The model maps (batch_size, seq_len) token ids to logits; a last
+    batch that is short is padded with copies of its first row, which are not counted.
+    """
+    table = torch.from_numpy(np.asarray(token_bytes, dtype=np.int64)).to(device)
+    nats = torch.zeros((), dtype=torch.float64, device=device)
+    nbytes = torch.zeros((), dtype=torch.int64, device=device)
+    for first in range(0, rows, batch_size):
+        count = min(batch_size, rows - first)
+        flat = np.asarray(tokens[first * seq_len : (first + count) * seq_len + 1], dtype=np.int64)
+        x = torch.from_numpy(flat[:-1].reshape(count, seq_len).copy())
+        y = torch.from_numpy(flat[1:].reshape(count, seq_len).copy())
+        if count < batch_size:
+            x = torch.cat([x, x[:1].expand(batch_size - count, -1)])
+        x, y = x.to(device), y.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(x)
+            if (
+                not isinstance(logits, torch.Tensor)
+                or logits.shape[:2] != x.shape
+                or logits.dim() != 3
+            ):
+                raise ModelRefused(
+                    f"the model returned {type(logits).__name__} "
+                    f"{tuple(getattr(logits, 'shape', ()))}; it must return (batch, seq, vocab) logits"
+                )
+            if first == 0:
+                check_causal(model, x, logits)
+        loss = F.cross_entropy(logits[:count].float().flatten(0, 1), y.flatten(), reduction="none")
+        weight = table[y.flatten()]
+        counted = weight > 0
+        nats += loss[counted].double().sum()
+        nbytes += weight[counted].sum()
+    total_nats, total_bytes = nats.item(), int(nbytes.item())
+    bpb = total_nats / (math.log(2) * total_bytes) if total_bytes else float("nan")
+    return {
+        "val_bpb": bpb,
+        "eval_tokens": rows * seq_len,
+        "eval_bytes": total_bytes,
+        "eval_nats": total_nats,
+    }
+
+
+def _read_fd(fd: int, count: int, dtype) -> np.ndarray:
+    """`count` items of `dtype` from the start of the memory file `fd`, which is then closed."""
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(count * np.dtype(dtype).itemsize)
+    return np.frombuffer(data, dtype=dtype)
+
+
+def main(config_json: str) -> int:
+    config = json.loads(config_json)
+    status = int(os.environ["SWARM_STATUS_FD"])
+
+    def emit(event: str, **fields) -> None:
+        os.write(status, (json.dumps({"event": event, **fields}) + "\n").encode())
+
+    started = time.perf_counter()
+    device = torch.device(config["device"])
+    if config["device"] == "cpu" and config["threads"]:
+        torch.set_num_threads(config["threads"])
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(config["gpu_memory_fraction"])
+    seq_len, rows, batch_size = config["seq_len"], config["rows"], config["batch_size"]
+    tokens = _read_fd(config["tokens_fd"], rows * seq_len + 1, np.uint16)
+    token_bytes = _read_fd(config["token_bytes_fd"], config["vocab_size"], np.int32)
+    torch.manual_seed(config["seed"])
+    try:
+        model, params = load_model(config["model"], device)
+        loaded = time.perf_counter()
+        score = evaluate_bpb(model, tokens, token_bytes, seq_len, rows, batch_size, device)
+    except (LookAheadError, ModelRefused) as exc:
+        emit("refused", reason=str(exc))
+        return 3
+    emit(
+        "result",
+        **score,
+        params=params,
+        load_seconds=loaded - started,
+        score_seconds=time.perf_counter() - loaded,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
