@@ -143,3 +143,27 @@ def test_url_list_mistakes_name_the_line(tmp_path):
     urls.write_text("https://example.invalid/a.parquet\nnot a url\n")
     with pytest.raises(TrainerError, match=r"urls.txt:2: expected `URL \[sha256\]`"):
         prepare_data(get_profile("test", f"urls:{urls}"), tmp_path / "cache")
+
+
+def test_a_long_tokenizer_training_says_it_is_still_going(shard_server, tmp_path, monkeypatch):
+    import time
+
+    from node.trainer import data as data_module
+
+    real = data_module.train_tokenizer
+
+    def slow(texts, vocab_size, path):  # reads all the text, as rustbpe does, then takes a while
+        texts = list(texts)
+        time.sleep(0.6)
+        return real(texts, vocab_size, path)
+
+    monkeypatch.setattr(data_module, "train_tokenizer", slow)
+    monkeypatch.setattr(data_module, "HEARTBEAT_SECONDS", 0.1)
+    urls = tmp_path / "urls.txt"
+    urls.write_text(f"{shard_server}/shard_0.parquet\n{shard_server}/val.txt\n")
+    lines: list[str] = []
+    prepare_data(get_profile("test", f"urls:{urls}"), tmp_path / "cache", lines.append)
+    beats = [i for i, line in enumerate(lines) if line.startswith("training the tokenizer:")]
+    assert len(beats) >= 3, lines
+    assert "0.1 M characters read" in lines[beats[-1]]  # shard_0: 100 documents of ~1,200
+    assert beats[-1] < next(i for i, line in enumerate(lines) if line.startswith("tokenized val"))

@@ -138,7 +138,7 @@ def prepare_data(profile: Profile, cache: Path, progress: Progress = lambda _: N
     work.mkdir(parents=True)
     progress(f"training a {profile.vocab_size}-token BPE tokenizer on {profile.tokenizer_chars / 1e6:.0f} M characters")
     read = [0]
-    with _heartbeat(progress, lambda s: f"training the tokenizer: {read[0] / 1e6:.0f} M characters read, {s:.0f} s"):
+    with _heartbeat(progress, lambda s: f"training the tokenizer: {read[0] / 1e6:.1f} M characters read, {s:.0f} s"):
         tokenizer = train_tokenizer(_tokenizer_text(documents("train"), profile.tokenizer_chars, read),
                                     profile.vocab_size, work / "tokenizer.tiktoken")
     np.save(work / "token_bytes.npy", tokenizer.token_bytes())
