@@ -189,6 +189,13 @@ def test_report_writes_a_png_of_sane_size_one_panel_per_profile(ledger_file, tmp
     assert png_size((tmp_path / "one" / "report.png").read_bytes())[1] < height
 
 
+def test_a_stricter_quorum_verifies_nothing_here(ledger_file, tmp_path):
+    report("--db", str(ledger_file), "--out", str(tmp_path), "--quorum", "2")
+    markup = (tmp_path / "report.html").read_text()
+    assert "No version is verified yet (quorum 2)" in markup and "leaderboard-cpu" not in markup
+    assert "0 verified wins, 0 refuted claims (quorum 2)" in markup
+
+
 def test_page_shows_leaderboard_lineage_peers_and_noise(ledger_file, tmp_path, alice, bob, carol):
     out = tmp_path / "out"
     report("--home", str(ledger_file.parent), "--out", str(out))
