@@ -172,7 +172,7 @@ def plot(snap: Snapshot) -> bytes:
     from matplotlib.lines import Line2D
 
     profiles = sorted({r["profile"] for r in snap.results})
-    fig = Figure(figsize=(11, 1.5 + 3.4 * max(1, len(profiles))), dpi=100)
+    fig = Figure(figsize=(11, 1.5 + 3.4 * len(profiles) if profiles else 2.5), dpi=100)
     FigureCanvasAgg(fig)
     if not profiles:
         ax = fig.add_subplot()
@@ -213,7 +213,7 @@ def plot(snap: Snapshot) -> bytes:
                     linewidth=1.4, zorder=5,
                     path_effects=[patheffects.withStroke(linewidth=3.5, foreground="white")])  # fmt: skip
         counts = Counter(r["outcome"] for r in rows)
-        ax.set_title(f"profile {profile}: {len(rows)} experiments ({counts['keep']} kept, "
+        ax.set_title(f"profile {profile}: {_count(len(rows), 'experiment')} ({counts['keep']} kept, "
                      f"{counts['discard']} discarded, {counts['crash']} crashed)",
                      loc="left", fontsize=11)  # fmt: skip
         ax.set_ylabel("val_bpb (lower is better)")
@@ -221,6 +221,10 @@ def plot(snap: Snapshot) -> bytes:
         locator = mdates.AutoDateLocator()
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        first, last = rows[0]["time"], rows[-1]["time"]
+        if last - first < 600_000:  # a few minutes at least, not a span of years around one point
+            middle = (first + last) // 2
+            ax.set_xlim(*mdates.date2num([_utc(middle - 300_000), _utc(middle + 300_000)]))
         if not any(r["val_bpb"] is not None for r in rows):
             ax.set_yticks([])
         elif counts["crash"]:  # room above the scores for the crashes' row
@@ -283,6 +287,10 @@ def _peer(peer_id: str | None) -> str:
     return f'<span class="peer" title="{_e(peer_id)}">{_e(_short_peer(peer_id))}</span>'
 
 
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'s' * (n != 1)}"
+
+
 def _bpb(value: float | None, signed: bool = False) -> str:
     return "-" if value is None else (f"{value:+.4f}" if signed else f"{value:.4f}")
 
@@ -328,7 +336,7 @@ def _lineages(snap: Snapshot) -> str:
         root = steps[0]["parent"]
         origin = "the baseline" if root in snap.baselines else f"<code>{_e(root[:12])}</code>"
         out.append(f"<h3>profile {_e(profile)}: <code>{_e(steps[-1]['child'][:12])}</code>, "
-                   f"{len(steps)} step{'s' * (len(steps) != 1)} from {origin}</h3>")  # fmt: skip
+                   f"{_count(len(steps), 'step')} from {origin}</h3>")  # fmt: skip
         out.append(f'<ol class="lineage" id="lineage-{_e(profile)}">')
         for s in steps:
             if s["diff"] is not None:
@@ -338,7 +346,7 @@ def _lineages(snap: Snapshot) -> str:
             out.append(
                 f"<li><code>{_e(s['child'][:12])}</code> val_bpb {_bpb(s['val_bpb'])} "
                 f"(delta {_bpb(s['delta'], True)}, verified delta {_bpb(s['verified_delta'], True)}, "
-                f"{s['confirmations']} confirmation{'s' * (s['confirmations'] != 1)}) by "
+                f"{_count(s['confirmations'], 'confirmation')}) by "
                 f"{_peer(s['author'])} at {_when(s['time'])}: "
                 f'<span class="description">{_e(s["description"])}</span>{diff}</li>'
             )  # fmt: skip
@@ -370,7 +378,7 @@ def _noise(snap: Snapshot) -> str:
             shown = (f"{margin:.4f} bpb ({consensus.DEFAULT_K:g} standard deviations of the "
                      f"runs, at least {consensus.DEFAULT_FLOOR:g})")  # fmt: skip
         except consensus.ConsensusError:
-            shown = f"not measured yet ({len(runs)} scored baseline run{'s' * (len(runs) != 1)}, 2 needed)"
+            shown = f"not measured yet ({_count(len(runs), 'scored baseline run')}, 2 needed)"
         rows.append(
             [_e(profile), str(len(runs)), ", ".join(f"{x:.4f}" for x in runs) or "-", shown]
         )
@@ -388,6 +396,7 @@ img.plot { max-width: 100%; border: 1px solid #eee; }
 pre { background: #f8f8f8; padding: 0.6em; overflow-x: auto; font-size: 12px; }
 .add { color: #116329; background: #e6ffec; } .del { color: #82071e; background: #ffebe9; }
 .hunk { color: #6639ba; } .muted { color: #777; }
+.peer, code { white-space: nowrap; }
 .swatch { display: inline-block; width: 0.9em; height: 0.9em; border-radius: 50%; }
 .lineage li { margin-bottom: 0.6em; }
 """
@@ -397,10 +406,11 @@ def render_html(snap: Snapshot, png: bytes) -> str:
     """The page: plain HTML and inline CSS, the plot inside as a data URI; nothing to fetch."""
     counts = Counter(r["outcome"] for r in snap.results)
     if snap.results:
-        summary = (f"<p id=\"summary\">{len(snap.results)} experiments by {len(snap.peers)} peers: "
-                   f"{counts['keep']} kept, {counts['discard']} discarded, {counts['crash']} crashed; "
-                   f"{len(snap.verified)} verified wins, {len(snap.refuted)} refuted claims "
-                   f"(quorum {snap.quorum}).</p>")  # fmt: skip
+        summary = (f"<p id=\"summary\">{_count(len(snap.results), 'experiment')} by "
+                   f"{_count(len(snap.peers), 'peer')}: {counts['keep']} kept, "
+                   f"{counts['discard']} discarded, {counts['crash']} crashed; "
+                   f"{_count(len(snap.verified), 'verified win')}, "
+                   f"{_count(len(snap.refuted), 'refuted claim')} (quorum {snap.quorum}).</p>")  # fmt: skip
     else:
         summary = '<p id="summary">Nothing was tried yet: this ledger holds no experiment.</p>'
     image = base64.b64encode(png).decode()

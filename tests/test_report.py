@@ -230,7 +230,9 @@ def test_page_shows_leaderboard_lineage_peers_and_noise(ledger_file, tmp_path, a
     assert noise["cpu"][2].startswith("0.0141 bpb")  # 2 x stdev(1.60, 1.61) = 0.01414
     assert noise["gpu"][2].startswith("not measured yet (1 scored baseline run, 2 needed)")
 
-    assert "6 experiments by 3 peers: 4 kept, 1 discarded, 1 crashed" in page.text["summary"]
+    summary = page.text["summary"]
+    assert "6 experiments by 3 peers: 4 kept, 1 discarded, 1 crashed" in summary
+    assert "2 verified wins, 1 refuted claim (quorum 1)" in summary
     read_at = datetime.strptime(page.text["read-at"], "%Y-%m-%d %H:%M:%S UTC")
     age = time.time() - read_at.replace(tzinfo=timezone.utc).timestamp()
     assert -5 < age < 600
