@@ -268,9 +268,10 @@ def join_cmd(
     model: Annotated[str | None, typer.Option("--model", help="An LLM through litellm, e.g. anthropic/claude-sonnet-4-5 or openai/NAME; default: the offline proposer.")] = None,
     api_base: Annotated[str | None, typer.Option("--api-base", help="A local OpenAI-style server, e.g. http://127.0.0.1:11434/v1 (Ollama, vLLM).")] = None,
     max_cost: Annotated[float, typer.Option("--max-cost", help="Dollars this node may spend on the model, in all.")] = 5.0,
-    campaign: Annotated[str, typer.Option("--campaign", help="The campaign to join (its name; nodes of other campaigns never mix facts).")] = "default",
-    quorum: Annotated[int, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted.")] = 1,
+    campaign: Annotated[str, typer.Option("--campaign", help="A campaign file (swarm campaign new), or a name for a campaign on the built-in baseline; nodes of other campaigns never mix facts.")] = "default",
+    quorum: Annotated[int | None, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted (default: the campaign file's, else 1).")] = None,
     gpus: Annotated[str, typer.Option("--gpus", help="'all' or how many GPUs to use: one research worker each.")] = "all",
+    verify_every: Annotated[int, typer.Option("--verify-every", help="Every n-th experiment re-runs a peer's claim (0: never verify).")] = 4,
     listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
     data: DataOption = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds this node's proposals and runs.")] = 0,
@@ -286,12 +287,33 @@ def join_cmd(
     from node.home import resolve_home
     from node.node import NodeConfig, run_node
 
-    if quorum < 1:
+    spec = _campaign_or_name(campaign)
+    if isinstance(spec, str) and quorum is None:
+        quorum = 1
+    if quorum is not None and quorum < 1:
         raise SwarmError("--quorum must be at least 1: a claim cannot verify itself")
+    if verify_every < 0:
+        raise SwarmError("--verify-every must be 0 (never) or more")
+    if not isinstance(spec, str) and quorum is not None and quorum != spec.quorum:
+        raise SwarmError(f"campaign {spec.name} sets quorum {spec.quorum}: leave out --quorum {quorum}")
     config = NodeConfig(home=resolve_home(home), bootstrap=list(bootstrap or []), listen=listen, profile=profile,
-                        data=data, campaign=campaign, model=model, api_base=api_base, max_cost_usd=max_cost,
-                        quorum=quorum, gpus=gpus, seed=seed, sandbox=None if sandbox else False)
+                        data=data, campaign=spec if isinstance(spec, str) else spec.name,
+                        campaign_file=None if isinstance(spec, str) else spec, model=model, api_base=api_base,
+                        max_cost_usd=max_cost, quorum=quorum or spec.quorum, gpus=gpus, seed=seed,
+                        verify_every=verify_every,
+                        sandbox=None if sandbox else False)
     run_node(config, say=_status_line)
+
+
+def _campaign_or_name(value: str):
+    """A loaded campaign file when `value` names one, else the campaign name itself."""
+    from node.campaign import load_campaign
+
+    if Path(value).is_file():
+        return load_campaign(value)
+    if "/" in value or value.endswith(".json"):
+        raise SwarmError(f"no campaign file {value}: make one with `swarm campaign new`, or pass a campaign name")
+    return value
 
 
 @app.command("status")
@@ -324,6 +346,85 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     if ledger:
         console.print(f"ledger: {ledger.get('path')}: " + ", ".join(
             f"{k} {v}" for k, v in ledger.items() if isinstance(v, int) and not isinstance(v, bool)))
+
+
+# ---------------------------------------------------------------- campaigns
+
+campaign_app = typer.Typer(help="Campaign files: what a group researches together, signed by its organiser.",
+                           no_args_is_help=True)
+app.add_typer(campaign_app, name="campaign")
+
+
+@campaign_app.command("new")
+def campaign_new(
+    name: Annotated[str, typer.Argument(help="The campaign's name: letters, digits, '-', '_' and '.'.")],
+    program: Annotated[Path, typer.Option("--program", help="The program.md the agents read (the research strategy).")],
+    profiles: Annotated[list[str], typer.Option("--profile", "-p", help="A profile the campaign runs on (repeatable).")],
+    quorum: Annotated[int, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted.")] = 1,
+    baseline: Annotated[Path | None, typer.Option("--baseline", help="The train.py every lineage starts from (default: the built-in one).")] = None,
+    data: DataOption = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Where to write the campaign file (default: NAME.campaign.json).")] = None,
+    home: HomeOption = None,
+) -> None:
+    """Write a campaign file signed by this node's key: name, program.md, baseline train.py, data hashes, quorum.
+
+    Builds (or finds) each profile's data to pin its hashes. Members join with `swarm join --campaign FILE`.
+
+    Example: swarm campaign new hack-nov --program program.md --profile cpu --quorum 2
+    """
+    from node.campaign import campaign_body, data_pins, make_campaign
+    from node.identity import load_identity
+    from node.ledger import Ledger, ledger_path
+    from node.trainer import BASELINE_TRAIN_PY
+    from node.trainer.policy import check_source
+
+    texts = {}
+    for label, path in (("program", program), ("baseline", baseline or BASELINE_TRAIN_PY)):
+        try:
+            texts[label] = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SwarmError(f"cannot read --{label} {path}: {exc}") from None
+    broken = check_source(texts["baseline"])
+    if broken:
+        raise SwarmError(f"--baseline breaks the train.py policy: {broken[0]}; fix it first")
+    pins: dict[str, str] = {}
+    for profile in dict.fromkeys(profiles):
+        home_dir, prof, tokens = _prepare(profile, data, home)
+        pins.update(data_pins(prof.name, prof.data, tokens.manifest))
+    me = load_identity(home_dir)
+    body = campaign_body(me, name, texts["program"], texts["baseline"], list(dict.fromkeys(profiles)), quorum, pins)
+    with Ledger(ledger_path(home_dir), campaign=name) as ledger:
+        fact = ledger.publish(me, "campaign", body)
+    campaign = make_campaign(fact, texts["program"], texts["baseline"])
+    target = out or Path(f"{name}.campaign.json")
+    target.write_bytes(campaign.to_bytes())
+    console.print(f"campaign {name}: {target} (sha256 {campaign.sha256[:16]}), signed by {campaign.organiser}")
+    console.print(f"members join with: swarm join --campaign {target} --bootstrap ADDR")
+
+
+@campaign_app.command("show")
+def campaign_show(
+    file: Annotated[Path, typer.Argument(help="A campaign file.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Check a campaign file's signature and hashes, and show what it pins.
+
+    Example: swarm campaign show hack-nov.campaign.json
+    """
+    from node.campaign import load_campaign
+
+    campaign = load_campaign(file)
+    info = {"name": campaign.name, "organiser": campaign.organiser, "quorum": campaign.quorum,
+            "profiles": campaign.profiles, "baseline": campaign.baseline_sha256,
+            "program_sha256": campaign.fact.body["program_sha256"], "data": campaign.fact.body["data"],
+            "sha256": campaign.sha256}
+    if as_json:
+        print(json.dumps(info))
+        return
+    table = Table(title=f"campaign {campaign.name} (signature and hashes check out)", show_header=False)
+    for key, value in info.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, (list, dict)) else str(value))
+    console.print(table)
 
 
 def main() -> None:

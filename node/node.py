@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node import wire
+from node.campaign import Campaign, check_data
 from node.errors import SwarmError
 from node.home import data_dir
 from node.identity import load_identity
@@ -41,6 +43,7 @@ class NodeConfig:
     profile: str = "cpu"
     data: str | None = None  # replaces the profile's data, as `swarm run --data`
     campaign: str = "default"
+    campaign_file: Campaign | None = None  # a signed campaign: its baseline, program and quorum rule
     model: str | None = None  # a litellm model name; None: the offline proposer
     api_base: str | None = None
     max_cost_usd: float = 5.0
@@ -78,13 +81,21 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
 
     home = Path(config.home)
     identity = load_identity(home)
-    profile = get_profile(config.profile, config.data)
+    campaign = config.campaign_file
+    if campaign is not None and config.profile not in campaign.profiles:
+        raise NodeError(f"campaign {campaign.name} runs on {', '.join(campaign.profiles)}, not {config.profile}: "
+                        f"pass --profile {campaign.profiles[0]}")
+    pinned = campaign.data_for(config.profile).get("data") if campaign else None
+    profile = get_profile(config.profile, config.data or pinned)
     require_device(profile)
     if config.sandbox is not False and not sandbox_available():
         raise NodeError("no sandbox (bubblewrap) on this machine, and a node runs its peers' train.py: install "
                         "bubblewrap (apt-get install bubblewrap), or pass --no-sandbox only in a group you trust")
     devices = worker_devices(profile.device, config.gpus)
     tokens = prepare_data(profile, data_dir(home), say)
+    if campaign is not None:
+        check_data(campaign, profile.name, tokens.manifest)
+        _record_campaign(home, campaign)
     stop = stop or threading.Event()
     say(f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
         f"{len(devices)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}")
@@ -120,6 +131,18 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
         raise failures[0]
 
 
+def _record_campaign(home: Path, campaign: Campaign) -> None:
+    """Put the organiser's signed campaign fact in the ledger: it is gossiped on, and the ledger's
+    leaderboard reads the quorum from it."""
+    from node.ledger import Ledger, ledger_path
+
+    with Ledger(ledger_path(home), campaign=campaign.name) as ledger:
+        stored = ledger.ingest(campaign.fact.raw)
+    if isinstance(stored, wire.Rejection):
+        raise NodeError(f"this ledger refuses campaign {campaign.name}'s fact ({stored.reason.value}: {stored.detail}):"
+                        " use a fresh --home for this campaign")
+
+
 def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, stop: threading.Event,
           failures: list[BaseException]) -> None:
     """One research worker: its own ledger connection and proposer, step after step until stopped."""
@@ -129,6 +152,7 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, s
     from node.trainer import BASELINE_TRAIN_PY, RunCancelled, run_experiment
 
     home = Path(config.home)
+    campaign = config.campaign_file
     seed = config.seed * 1000 + index
     if config.model:
         proposer = LLMProposer(config.model, config.api_base, config.max_cost_usd,
@@ -140,7 +164,8 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, s
         with Ledger(ledger_path(home), campaign=config.campaign) as ledger:
             researcher = Researcher(
                 ledger, load_identity(home), proposer, profile, tokens, home / "runs" / f"worker-{index}",
-                BASELINE_TRAIN_PY.read_text(), quorum=config.quorum, program=_program_text(),
+                campaign.baseline if campaign else BASELINE_TRAIN_PY.read_text(), quorum=config.quorum,
+                program=campaign.program if campaign else _program_text(),
                 verify_every=config.verify_every, noise_runs=config.noise_runs, seed=seed, run=run,
                 status_path=home / STATUS_DIR / f"worker-{index}.json",
             )

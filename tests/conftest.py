@@ -1,6 +1,14 @@
-"""Shared fixtures: identities and signed facts built the way a node builds them."""
+"""Shared fixtures: identities and signed facts built the way a node builds them, the test data,
+and `swarm` commands run in processes of their own."""
 
 from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -78,8 +86,6 @@ def small_data(data_cache):
 
 def wait_until(predicate, what: str, timeout: float = 60.0, every: float = 0.2):
     """Poll `predicate` until it returns something true (returned), or fail after `timeout` s."""
-    import time
-
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = predicate()
@@ -87,3 +93,33 @@ def wait_until(predicate, what: str, timeout: float = 60.0, every: float = 0.2):
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Process:
+    """A `swarm` command in its own process, its output collected as it comes."""
+
+    def __init__(self, *args: str, env: dict) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "node.cli", *args], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, "".join(self.lines).replace("\n", ""))
+            if found:
+                return found
+            assert self.proc.poll() is None, "".join(self.lines)
+            time.sleep(0.2)
+        raise AssertionError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines)}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                return self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                raise
+        return self.proc.returncode

@@ -5,51 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import sqlite3
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import Process, wait_until
 
 from node.trainer.sandbox import sandbox_available
 
 CAMPAIGN = "node-test"
-
-
-class Process:
-    """A `swarm` command in its own process, its output collected as it comes."""
-
-    def __init__(self, *args: str, env: dict) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "node.cli", *args], env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
-
-    def wait_for(self, pattern: str, timeout: float) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, "".join(self.lines).replace("\n", ""))
-            if found:
-                return found
-            assert self.proc.poll() is None, "".join(self.lines)
-            time.sleep(0.2)
-        raise AssertionError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines)}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                return self.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                raise
-        return self.proc.returncode
 
 
 def count(db: Path, sql: str) -> int:

@@ -1,0 +1,184 @@
+"""Campaign files: what a group agrees on before it researches together, signed by its organiser.
+
+A campaign file holds the signed `campaign` fact (name, organiser, quorum, profiles, the hashes of
+program.md, of the baseline train.py and of each profile's data and tokenizer) together with the
+program and the baseline themselves, so one file is all a newcomer needs. Loading checks the
+signature and every hash; nothing here runs a train.py or touches the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from node import wire
+from node.errors import SwarmError
+from node.identity import Identity, peer_id_from_public_key
+
+FORMAT = "research-swarm campaign/1"
+MAX_FILE = 512 * 1024  # bytes: program.md and train.py are a few KB each
+
+
+class CampaignError(SwarmError):
+    """A campaign file that cannot be used: the message says what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class Campaign:
+    fact: wire.Fact  # the organiser's signed `campaign` fact
+    program: str  # program.md, the research strategy the agents read
+    baseline: str  # the baseline train.py every lineage starts from
+
+    @property
+    def name(self) -> str:
+        return self.fact.body["name"]
+
+    @property
+    def quorum(self) -> int:
+        return self.fact.body["quorum"]
+
+    @property
+    def profiles(self) -> list[str]:
+        return list(self.fact.body["profiles"])
+
+    @property
+    def organiser(self) -> str:
+        return peer_id_from_public_key(self.fact.body["organiser"])
+
+    @property
+    def baseline_sha256(self) -> str:
+        return self.fact.body["baseline"]
+
+    def data_for(self, profile: str) -> dict[str, str]:
+        """What the campaign pinned for `profile`: data spec, tokens and tokenizer hashes."""
+        prefix = profile + "."
+        return {
+            k[len(prefix) :]: v for k, v in self.fact.body["data"].items() if k.startswith(prefix)
+        }
+
+    def to_bytes(self) -> bytes:
+        """The file: JSON a person can read, with the signed fact as the authority."""
+        doc = {
+            "format": FORMAT, "name": self.name, "organiser": self.organiser,
+            "quorum": self.quorum, "profiles": self.profiles, "data": self.fact.body["data"],
+            "fact": base64.b64encode(self.fact.raw).decode(),
+            "program": self.program, "baseline": self.baseline,
+        }  # fmt: skip
+        return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode()
+
+    @property
+    def sha256(self) -> str:
+        """The campaign's address: the hash of its file, e.g. to fetch it from a bootstrap."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+
+def data_pins(profile: str, data_spec: str, manifest: dict) -> dict[str, str]:
+    """The entries a campaign records for one profile, from its prepared data's manifest."""
+    return {
+        f"{profile}.data": data_spec,
+        f"{profile}.tokens": manifest["sha256"],
+        f"{profile}.tokenizer": manifest["tokenizer_sha256"],
+    }
+
+
+def make_campaign(fact: wire.Fact, program: str, baseline: str) -> Campaign:
+    """A campaign from its signed fact; raises CampaignError if the texts do not match it."""
+    campaign = Campaign(fact, program, baseline)
+    _check(campaign)
+    return campaign
+
+
+def campaign_body(
+    me: Identity, name: str, program: str, baseline: str, profiles: list[str], quorum: int,
+    data: dict[str, str],
+) -> dict:  # fmt: skip
+    """The body of the `campaign` fact the organiser signs."""
+    if quorum < 1:
+        raise CampaignError("--quorum must be at least 1: a claim cannot verify itself")
+    try:
+        return wire.campaign_body(
+            name=name, organiser=me.public_key, program=program.encode(),
+            baseline=hashlib.sha256(baseline.encode()).hexdigest(), profiles=profiles,
+            quorum=quorum, data=data,
+        )  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise CampaignError(f"cannot make campaign {name!r}: {exc}") from None
+
+
+def parse_campaign(raw: bytes, where: str = "campaign file") -> Campaign:
+    """A campaign from a file's bytes, its signature and hashes checked."""
+    if len(raw) > MAX_FILE:
+        raise CampaignError(f"{where} is {len(raw)} bytes, over {MAX_FILE}: not a campaign file")
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"its format is not {FORMAT!r}")
+        fact_raw = base64.b64decode(doc["fact"], validate=True)
+        program, baseline = doc["program"], doc["baseline"]
+        if not isinstance(program, str) or not isinstance(baseline, str):
+            raise ValueError("program and baseline must be text")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CampaignError(
+            f"{where} is not a campaign file ({exc}): make one with `swarm campaign new`"
+        ) from None
+    fact = wire.decode(fact_raw)
+    if isinstance(fact, wire.Rejection):
+        raise CampaignError(
+            f"{where}: its signed fact was refused ({fact.reason.value}: {fact.detail})"
+        )
+    if fact.kind != "campaign":
+        raise CampaignError(f"{where}: its signed fact is a {fact.kind}, not a campaign")
+    campaign = Campaign(fact, program, baseline)
+    _check(campaign, where)
+    signed = json.loads(campaign.to_bytes())
+    edited = [
+        key
+        for key in ("name", "organiser", "quorum", "profiles", "data")
+        if doc.get(key) != signed[key]
+    ]
+    if edited:
+        raise CampaignError(
+            f"{where}: its fields {', '.join(edited)} differ from what the organiser signed: "
+            "get the file again from the organiser"
+        )
+    return campaign
+
+
+def load_campaign(path: Path | str) -> Campaign:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CampaignError(f"cannot read campaign file {path}: {exc.strerror}") from None
+    return parse_campaign(raw, str(path))
+
+
+def _check(campaign: Campaign, where: str = "campaign") -> None:
+    body = campaign.fact.body
+    if campaign.fact.author != body["organiser"]:
+        raise CampaignError(f"{where}: signed by {campaign.fact.peer_id}, not by its organiser")
+    if campaign.fact.campaign != body["name"]:
+        raise CampaignError(
+            f"{where}: published in campaign {campaign.fact.campaign!r}, not {body['name']!r}"
+        )
+    if hashlib.sha256(campaign.program.encode()).hexdigest() != body["program_sha256"]:
+        raise CampaignError(f"{where}: its program.md does not match the hash the organiser signed")
+    if hashlib.sha256(campaign.baseline.encode()).hexdigest() != body["baseline"]:
+        raise CampaignError(
+            f"{where}: its baseline train.py does not match the hash the organiser signed"
+        )
+
+
+def check_data(campaign: Campaign, profile: str, manifest: dict) -> None:
+    """Raise CampaignError unless this node's prepared data is the data the campaign pinned."""
+    pins = campaign.data_for(profile)
+    for key, field in (("tokens", "sha256"), ("tokenizer", "tokenizer_sha256")):
+        if key in pins and pins[key] != manifest.get(field):
+            raise CampaignError(
+                f"this node's {profile} {key} ({str(manifest.get(field))[:12]}) differ from campaign "
+                f"{campaign.name}'s ({pins[key][:12]}): rebuild with `swarm data build --profile {profile} "
+                f"--data {pins.get('data', '...')}` from the same sources, or ask the organiser which data they used"
+            )
