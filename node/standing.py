@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 
 MIN_FAILED = 3  # failed claims before the share of failures counts: noise refutes honest wins too
 MIN_FALSE_CONFIRMS = 3  # confirmations of failed claims before their share counts
-MAX_OFFENCE_POINTS = 20.0  # refused messages (weighted below) that cost a peer its standing
-# Points per refused message, by the reason this node counted. An honest node sends none of
-# these; a flood costs little per message (a burst may be a bug), a junk frame much.
-OFFENCE_POINTS = {"flood": 0.1, "junk": 10.0}
+# Refused messages cost the points the gossip layer charges for them (`gossip.Limits`: 1 for an
+# invalid fact, 0.2 for a message over the rate, 20 for a junk frame), and a peer that earns a
+# ban's worth in its lifetime loses its standing: the same scale as a ban, but without decay.
+MAX_OFFENCE_POINTS = 20.0
+OFFENCE_POINTS = {"flood": 0.2, "junk": 20.0}  # every other reason: 1
 # Not held against a peer: a newer protocol (forward compatibility) and stale heads, which honest
 # relays deliver out of order.
 FORGIVEN = frozenset({"unknown_version", "unknown_kind", "seq_backwards"})

@@ -87,8 +87,8 @@ def test_refused_messages_weigh_by_kind_and_forgive_a_newer_protocol():
         {"peer_id": "forger", "reason": "bad_signature", "count": 12},
         {"peer_id": "forger", "reason": "replay", "count": 8},
         {"peer_id": "newer", "reason": "unknown_version", "count": 500},
-        {"peer_id": "bursty", "reason": "flood", "count": 150},
-        {"peer_id": "junker", "reason": "junk", "count": 2},
+        {"peer_id": "bursty", "reason": "flood", "count": 60},
+        {"peer_id": "junker", "reason": "junk", "count": 1},
         {"peer_id": "unknown", "reason": "malformed", "count": 99},
     ]
     standing = peer_standing([], [], offences)
@@ -129,7 +129,7 @@ def test_the_ledger_charges_a_signed_replay_to_its_author_not_the_relay(
     assert bob.peer_id not in standing or not standing[bob.peer_id].offences
     assert standing[bob.peer_id].failed == 1 and not standing[bob.peer_id].silenced
     assert standing[carol.peer_id].offences == {"flood": 40, "junk": 2}
-    assert standing[carol.peer_id].silenced  # two junk frames and a flood: 24 points
+    assert standing[carol.peer_id].silenced  # two junk frames and a flood: 48 points
 
 
 def test_the_gossip_layer_drops_facts_of_a_peer_that_lost_standing(tmp_path, alice, bob, carol):

@@ -328,8 +328,10 @@ class GossipNode:
     def _on_junk(self, peer_id: ID, exc: Exception, serious: bool = True) -> None:
         self.counts["junk"] += 1
         log.info("junk from %s: %s", peer_id, type(exc).__name__)
-        points = self.limits.junk_penalty if serious else self.limits.invalid_penalty
-        self._penalise(peer_id.to_base58(), points, "junk")
+        if serious:
+            self._penalise(peer_id.to_base58(), self.limits.junk_penalty, "junk")
+        else:  # maybe the library's own bug: a point, but not held against its standing
+            self._penalise(peer_id.to_base58(), self.limits.invalid_penalty, "odd message")
 
     def reject(self, rejection: wire.Rejection, deliverer: str) -> None:
         """Count a refused fact and charge whoever is to blame for it."""

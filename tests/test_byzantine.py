@@ -1,0 +1,442 @@
+"""Byzantine peers in a real swarm: `swarm peer` processes on 127.0.0.1, hostile identities that
+publish through the real wire protocol, and honest verifiers that re-run claims for real.
+
+The honest side: a bootstrap that is also an honest author (its win really is better: the
+campaign's baseline is a deliberately weakened train.py), and two verifier nodes whose verdicts
+come from the node's own verifier code and the real trainer in its sandbox, driven from this
+process and written into their homes' ledgers (a node gossips what its ledger holds under its
+key). The campaign's quorum is 2. The hostile side: a faker whose kept claims are worse than
+their parent or crash or break the policy, a colluder (one confirmer, below the quorum) that
+confirms them, and a raw peer that forges, equivocates, signs facts from the future, replays
+honest facts and floods. `python tests/test_byzantine.py publish FILE ADDR...` is the raw peer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+
+import msgpack
+import pytest
+from conftest import wait_until
+from test_gossip import Node
+
+from node import consensus, wire
+from node.identity import Identity, load_identity
+from node.ledger import Ledger
+from node.trainer import BASELINE_TRAIN_PY, get_profile, harness_sha256
+from node.trainer.sandbox import sandbox_available
+
+ROOT = Path(__file__).resolve().parents[1]
+CAMPAIGN = "byzantine-test"
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+QUORUM = 2
+MARGIN = 0.02  # the verifiers' noise margin, bpb (a node measures its own; fixed here)
+# The test profile with a shorter budget: the same harness and data, fewer seconds per run.
+FAST = dataclasses.replace(get_profile("test"), budget_seconds=1.5, startup_seconds=60,
+                           grace_seconds=10, eval_seconds=60)  # fmt: skip
+
+BASELINE = BASELINE_TRAIN_PY.read_text()
+# The campaign's baseline: learning rates a hundred times too small, so that restoring them is a
+# large, reliable win on two loaded cores (gains of real proposals are as small as the noise).
+WEAK = (BASELINE.replace("MATRIX_LR = 0.02 ", "MATRIX_LR = 0.0002 ")
+        .replace("EMBED_LR = 0.3 ", "EMBED_LR = 0.003 ").replace("HEAD_LR = 0.004 ", "HEAD_LR = 0.00004 "))  # fmt: skip
+LOOP = "for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):"
+FAKES = {  # a large claimed gain for each; what the version really does
+    "worse": WEAK.replace(LOOP, LOOP + "\n    continue"),  # never trains
+    "crash": WEAK.replace("S = session()\n", "S = session()\nSCALE = 1 / 0\n"),
+    "policy": WEAK.replace(
+        "S = session()\n", "S = session()\nSECRET = open('/etc/hostname').read()\n"
+    ),
+    "worse again": WEAK.replace("MATRIX_LR = 0.0002 ", "MATRIX_LR = 0.0 "),
+    "worse still": WEAK.replace("EMBED_LR = 0.003 ", "EMBED_LR = 0.0 "),
+}
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rows(home: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    try:
+        with sqlite3.connect(f"file:{home / 'ledger.db'}?mode=ro", uri=True, timeout=10) as conn:
+            return conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError:
+        return []
+
+
+def best_head(home: Path) -> str:
+    """The consensus best head of the test profile, from the facts in HOME's ledger."""
+    with Ledger(home / "ledger.db", readonly=True) as book:
+        results = book.rows("SELECT id, author, profile, parent, child, harness, outcome, val_bpb "
+                            "FROM results")  # fmt: skip
+        votes = book.rows("SELECT result, author, verdict, profile, harness FROM verifications")
+    return consensus.best_head(results, votes, "test", sha(WEAK), QUORUM)
+
+
+class Watch:
+    """Every honest node's best head, sampled whenever the test waits: never a fake version."""
+
+    def __init__(self, homes: list[Path]) -> None:
+        self.homes, self.samples, self.heads = homes, 0, set()
+
+    def check(self) -> None:
+        for home in self.homes:
+            head = best_head(home)
+            self.samples += 1
+            self.heads.add(head)
+            assert head in (sha(WEAK), sha(BASELINE)), f"{home.name} adopted {head[:12]}"
+
+
+def publish(home: Path, who: Identity, kind: str, body: dict, *versions: str) -> str:
+    """Sign a fact as HOME's node and put it in HOME's ledger, with the versions it names."""
+    with Ledger(home / "ledger.db", campaign=CAMPAIGN) as book:
+        for source in versions:
+            book.add_version(source.encode())
+        return book.publish(who, kind, body).id
+
+
+def result_body(child: str, val_bpb: float, description: str, outcome: str = "keep") -> dict:
+    return wire.result_body(
+        parent=sha(WEAK), child=sha(child), diff=f"{description}\n".encode(),
+        description=description, profile="test", harness=harness_sha256(), seed=1,
+        outcome=outcome, metrics={"val_bpb": val_bpb, "steps": 100, "tokens": 100_000},
+    )  # fmt: skip
+
+
+def holds(nodes: list[Node], fact_ids) -> bool:
+    return all(set(fact_ids) <= {r[0] for r in rows(n.home, "SELECT id FROM facts")} for n in nodes)
+
+
+def prepare_home(home: Path, campaign: wire.Fact) -> Identity:
+    """A node's home before it starts: its key, the campaign's signed fact and its baseline."""
+    home.mkdir(parents=True, exist_ok=True)
+    with Ledger(home / "ledger.db", campaign=CAMPAIGN) as book:
+        assert isinstance(book.ingest(campaign.raw), wire.Fact)
+        book.add_version(WEAK.encode())
+    return load_identity(home)
+
+
+class Verifier:
+    """An honest verifier node's research side: the node's own choice of claims and verdicts."""
+
+    def __init__(self, node: Node) -> None:
+        self.node, self.me = node, load_identity(node.home)
+        self.parent_scores: dict[str, float] = {}
+
+    def open_claims(self) -> list[dict]:
+        from node.agent.verifier import ledger_claims_to_verify
+
+        with Ledger(self.node.home / "ledger.db", campaign=CAMPAIGN) as book:
+            return [dict(c) for c in ledger_claims_to_verify(
+                book, self.me.peer_id, "test", harness_sha256(), QUORUM, limit=10,
+                baseline=sha(WEAK))]  # fmt: skip
+
+    def has(self, version: str) -> bool:
+        return bool(rows(self.node.home, "SELECT 1 FROM versions WHERE sha256 = ?", (version,)))
+
+    def start(self, pool: ProcessPoolExecutor, claim: dict, data) -> Future:
+        return pool.submit(
+            verify_in, self.node.home, claim, data, self.parent_scores.get(claim["parent"])
+        )
+
+    def done(self, claim: dict, future: Future) -> str:
+        fact_id, parent_val_bpb = future.result()
+        if parent_val_bpb is not None:
+            self.parent_scores[claim["parent"]] = parent_val_bpb
+        return fact_id
+
+
+def verify_in(
+    home: Path, claim: dict, data, parent_val_bpb: float | None
+) -> tuple[str, float | None]:
+    """One verification by the node in HOME, in a process of its own (two verifiers run at once,
+    and CPython's parser is not safe to call from two threads at once)."""
+    from node.agent.verifier import verify_claim
+
+    with Ledger(home / "ledger.db", campaign=CAMPAIGN) as book:
+        done = verify_claim(book, load_identity(home), claim, MARGIN, FAST, data, home / "verify",
+                            seed=3, parent_val_bpb=parent_val_bpb)  # fmt: skip
+    return done.fact.id, done.parent_val_bpb
+
+
+def honest_measurement(data, work: Path) -> float:
+    """The honest author measures its win as a node does: the child against its parent."""
+    from node.trainer import run_experiment
+
+    scores = {}
+    for name, source in (("parent", WEAK), ("child", BASELINE)):
+        (work / name).mkdir(parents=True, exist_ok=True)
+        (work / f"{name}.py").write_text(source)
+        run = run_experiment(work / f"{name}.py", FAST, data, work / name, seed=7)
+        assert run.outcome == "ok", run.error
+        scores[name] = run.val_bpb
+    assert scores["child"] < scores["parent"] - MARGIN, scores
+    return scores["child"]
+
+
+@pytest.fixture
+def processes(tmp_path: Path):
+    started: list = []
+    yield started
+    for proc in started:
+        if isinstance(proc, Node):
+            proc.stop()
+        elif proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def campaign_fact() -> wire.Fact:
+    """The campaign every node holds: quorum 2, on the weakened baseline."""
+    organiser = Identity.generate()
+    body = wire.campaign_body(
+        name=CAMPAIGN, organiser=organiser.public_key, program=b"find a better train.py\n",
+        baseline=sha(WEAK), profiles=["test"], quorum=QUORUM,
+    )  # fmt: skip
+    return wire.sign(organiser, "campaign", CAMPAIGN, 1, body)
+
+
+def hostile_plan(raw: Identity, colluder: Identity, fakes: list[str], win_raw: bytes) -> dict:
+    """What the raw hostile peer sends, signed here: the colluder's confirmations of the fakes,
+    forgeries of an honest claim, equivocations, facts from the future, replays, then a flood."""
+    now = int(time.time() * 1000)
+    confirm = [
+        wire.sign(colluder, "verification", CAMPAIGN, seq, wire.verification_body(
+            result=fid, child_val_bpb=0.5, parent_val_bpb=3.0, seed=seq, profile="test",
+            harness=harness_sha256(), verdict="confirm")).raw
+        for seq, fid in enumerate(fakes, 1)
+    ]  # fmt: skip
+    forged = []
+    for i in range(6):  # the honest author's claim with a better number, its signature kept
+        envelope = msgpack.unpackb(win_raw, raw=False)
+        envelope["body"]["metrics"]["val_bpb"] = 0.1 + i / 100
+        forged.append(wire.canonical(envelope))
+    # Its own facts are discards: claims would only lengthen the verifiers' queue.
+    body = result_body(FAKES["worse"], 0.4, "again", outcome="discard")
+    equivocations = [wire.sign(raw, "result", CAMPAIGN, 1, {**body, "seed": s}) for s in range(6)]
+    future = [wire.sign(raw, "result", CAMPAIGN, 10 + s, body, now + 3_600_000) for s in range(6)]
+    flood = [wire.sign(raw, "result", CAMPAIGN, 100 + s, body).raw for s in range(600)]
+    publish = confirm + forged + [f.raw for f in equivocations + future] + [win_raw] * 3
+    return {"seed": raw.seed.hex(), "publish": [m.hex() for m in publish],
+            "flood": [m.hex() for m in flood]}  # fmt: skip
+
+
+def judge_together(verifiers: list[Verifier], honest: list[Node], watch: Watch, data) -> list[dict]:
+    """The honest verifiers judge the open claims one at a time, both at once, each with its own
+    runs, until none is open; between claims their verdicts reach every honest node by gossip."""
+    judged: list[dict] = []
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        while claims := verifiers[0].open_claims():
+            claim = claims[0]
+            assert claim["id"] not in {c["id"] for c in judged}, "a claim was offered twice"
+            wait_until(lambda c=claim: watch.check() or all(v.has(c["child"]) for v in verifiers),
+                       f"both verifiers to fetch {claim['child'][:12]}", timeout=120)  # fmt: skip
+            futures = [v.start(pool, claim, data) for v in verifiers]
+            verdicts = [v.done(claim, f) for v, f in zip(verifiers, futures, strict=True)]
+            wait_until(
+                lambda o=verdicts: watch.check() or holds(honest, o), "the verdicts to spread"
+            )
+            judged.append(claim)
+    return judged
+
+
+def silenced_by(node: Node, peers: set[str]) -> bool:
+    status = node.status()
+    return bool(status) and peers <= set(status["silenced"])
+
+
+@pytest.mark.skipif(not sandbox_available(), reason="verifiers run peers' code only in a sandbox")
+def test_byzantine_peers_lose_standing_and_adopt_nothing_while_honest_wins_are_adopted(
+    tmp_path: Path, processes: list, small_data
+) -> None:
+    began = time.monotonic()
+    campaign = campaign_fact()
+    homes = {name: tmp_path / name for name in ("boot", "v1", "v2", "faker", "late")}
+    ids = {name: prepare_home(home, campaign) for name, home in homes.items() if name != "late"}
+    colluder, raw = Identity.generate(), Identity.generate()
+    measured: list[float] = []  # the honest author measures its win while the nodes start
+    author = threading.Thread(
+        target=lambda: measured.append(honest_measurement(small_data, tmp_path / "author"))
+    )
+    author.start()
+
+    def start(name: str, *args: str) -> Node:
+        command = "bootstrap" if name == "boot" else "peer"
+        node = Node(homes[name], [command, "--campaign", CAMPAIGN, "--listen", LOOPBACK, *args])
+        processes.append(node)
+        return node
+
+    boot = start("boot")
+    v1, v2, faker = (start(name, "--bootstrap", boot.addr) for name in ("v1", "v2", "faker"))
+    honest = [boot, v1, v2]
+    watch = Watch([n.home for n in honest])
+    wait_until(lambda: {v1.peer_id, v2.peer_id} <= faker.connected(), "the faker to meet them")
+    fake_ids = {
+        name: publish(faker.home, ids["faker"], "result",
+                      result_body(source, 0.50 + i / 100, f"faster: {name}"), source)
+        for i, (name, source) in enumerate(FAKES.items())
+    }  # fmt: skip
+    author.join()
+    assert measured, "the honest author's runs failed"
+    win_body = result_body(BASELINE, measured[0], "restore the learning rates")
+    win = publish(boot.home, ids["boot"], "result", win_body, BASELINE)
+    wait_until(
+        lambda: watch.check() or holds(honest, [*fake_ids.values(), win]), "claims to spread"
+    )
+
+    win_raw = rows(boot.home, "SELECT raw FROM facts WHERE id = ?", (win,))[0][0]
+    plan = hostile_plan(raw, colluder, list(fake_ids.values()), win_raw)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    log = open(tmp_path / "raw.log", "wb")  # noqa: SIM115  (closed with the process)
+    hostile = subprocess.Popen(
+        [sys.executable, __file__, "publish", str(tmp_path / "plan.json"), v1.addr, v2.addr, boot.addr],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+    )  # fmt: skip
+    processes.append(hostile)
+    judged = judge_together([Verifier(v1), Verifier(v2)], honest, watch, small_data)
+
+    # The faker lost standing after its third failed claim: its last two were never run.
+    failed = {fake_ids[name] for name in ("worse", "crash", "policy")}
+    assert {c["id"] for c in judged} == failed | {win}
+    for node in honest:
+        wait_until(lambda n=node: watch.check() or silenced_by(n, {ids["faker"].peer_id, colluder.peer_id}),
+                   f"{node.home.name} to silence the faker and the colluder")  # fmt: skip
+    wait_until(lambda: "done" in (tmp_path / "raw.log").read_text(), "the raw peer", timeout=120)
+    for node in (v1, v2):  # the raw peer sent to these directly: refused, banned and silenced
+        wait_until(lambda n=node: silenced_by(n, {raw.peer_id}), f"{node.home.name} to silence it")
+        assert raw.peer_id in node.status()["banned"]
+    standing = {s["peer"]: s for s in v1.status()["standing"]}
+    assert standing[ids["faker"].peer_id]["reasons"] == ["3 of its 3 settled claims failed"]
+    assert standing[colluder.peer_id]["false_confirms"] == 3
+    offences = standing[raw.peer_id]["offences"]
+    assert all(offences.get(r) for r in ("bad_signature", "replay", "future_time", "flood")), (
+        offences
+    )
+    for name in ("boot", "v1", "v2"):  # the forgeries used the honest author's name: no harm
+        assert standing[ids[name].peer_id]["status"] == "good", standing[ids[name].peer_id]
+
+    # The honest win is adopted everywhere, and no fake ever was.
+    wait_until(lambda: all(best_head(n.home) == sha(BASELINE) for n in honest), "the win adopted")
+    watch.check()
+    assert watch.heads <= {sha(WEAK), sha(BASELINE)} and watch.samples > 10
+
+    # Whatever a silenced peer publishes now is dropped at the first honest hop.
+    dropped = [n.status()["counts"]["dropped"] for n in honest]
+    later = [publish(faker.home, ids["faker"], "result", result_body(FAKES["worse"], 0.3, f"later {i}"))
+             for i in range(3)]  # fmt: skip
+    wait_until(lambda: faker.status()["counts"]["published"] >= len(FAKES) + 3, "the faker to send")
+    wait_until(lambda: all(n.status()["counts"]["dropped"] > d for n, d in zip(honest, dropped, strict=True)),
+               "every honest node to drop them")  # fmt: skip
+    for node in honest:  # nothing of the later facts, and no invalid fact, was stored
+        assert not {r[0] for r in rows(node.home, "SELECT id FROM facts")} & set(later)
+        assert all(isinstance(wire.decode(r[0], CAMPAIGN), wire.Fact)
+                   for r in rows(node.home, "SELECT raw FROM facts"))  # fmt: skip
+        own = rows(
+            node.home, "SELECT seq FROM facts WHERE author = ? AND seq < 100", (raw.peer_id,)
+        )
+        assert own == [(1,)]  # one of the six equivocations; none from the future
+
+    # Honest nodes keep serving: a late joiner syncs from a verifier, reaches the same head and,
+    # from the facts alone, the same verdict on the faker and the colluder.
+    late = start("late", "--bootstrap", v2.addr)
+    wait_until(lambda: silenced_by(late, {ids["faker"].peer_id, colluder.peer_id}),
+               "the late joiner to judge the same from the facts", timeout=120)  # fmt: skip
+    assert best_head(late.home) == sha(BASELINE)
+    assert all(n.proc.poll() is None for n in [*honest, late])
+    counts = [n.status()["counts"] for n in honest]
+    print(
+        f"\nattack: {len(FAKES)} fake claims ({len(judged) - 1} run, {len(FAKES) + 1 - len(judged)} skipped), "
+        f"{len(FAKES)} collusive confirmations, 6 forged, 6 equivocations, 6 from the future, 3 replays, "
+        f"600 flooded; honest nodes: rejected {sum(c['rejected'] for c in counts)}, rate-limited "
+        f"{sum(c['rate_limited'] for c in counts)}, dropped {sum(c['dropped'] for c in counts)}; "
+        f"best head sampled {watch.samples} times; {time.monotonic() - began:.0f} s"
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- the raw hostile peer
+
+
+def _publish(plan_path: str, targets: list[str]) -> None:
+    """Publish the plan's messages through pubsub, then flood: 100 messages to a frame, at once."""
+    import multiaddr
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.pubsub import Pubsub
+    from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
+    from libp2p.tools.anyio_service import background_trio_service
+    from libp2p.utils.varint import encode_uvarint
+
+    from node.gossip.peer import topic_for
+
+    plan = json.loads(Path(plan_path).read_text())
+    key = create_new_key_pair(bytes.fromhex(plan["seed"]))
+    topic = topic_for(CAMPAIGN)
+
+    def signed(pubsub, data: bytes):
+        msg = rpc_pb2.Message(
+            data=data, topicIDs=[topic], from_id=pubsub.my_id.to_bytes(), seqno=os.urandom(8)
+        )
+        msg.signature = key.private_key.sign(
+            PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString()
+        )
+        msg.key = key.public_key.serialize()
+        return msg
+
+    async def main() -> None:
+        host = new_host(key_pair=key, muxer_preference="YAMUX")
+        router = GossipSub(protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
+                           heartbeat_interval=1, adaptive_gossip_enabled=False, spam_protection_enabled=False,
+                           max_messages_per_topic_per_second=10_000.0)  # fmt: skip
+        pubsub = Pubsub(host, router, strict_signing=True)
+        infos = [info_from_p2p_addr(multiaddr.Multiaddr(t)) for t in targets]
+        async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]):
+            async with background_trio_service(pubsub), background_trio_service(router):
+                await pubsub.wait_until_ready()
+                for info in infos:
+                    await host.connect(info)
+                await pubsub.subscribe(topic)
+                await trio.sleep(3)  # let the mesh form
+                for data in plan["publish"]:
+                    try:
+                        await pubsub.publish(topic, bytes.fromhex(data))
+                    except Exception as exc:
+                        print("publish failed:", type(exc).__name__, flush=True)
+                    await trio.sleep(0.05)
+                print("published", flush=True)
+                await trio.sleep(1)
+                flood = [bytes.fromhex(f) for f in plan["flood"]]
+                frames = [rpc_pb2.RPC(publish=[signed(pubsub, d) for d in flood[i : i + 100]]).SerializeToString()
+                          for i in range(0, len(flood), 100)]  # fmt: skip
+                for info in infos:
+                    try:
+                        stream = await host.new_stream(info.peer_id, [PROTOCOL_ID_V11])
+                        for frame in frames:
+                            await stream.write(encode_uvarint(len(frame)) + frame)
+                    except Exception as exc:  # dropped mid-flood: the point
+                        print("flood cut:", type(exc).__name__, flush=True)
+                await trio.sleep(2)
+                print("done", flush=True)
+                await trio.sleep_forever()
+
+    trio.run(main)
+
+
+if __name__ == "__main__" and len(sys.argv) > 3 and sys.argv[1] == "publish":
+    sys.path.insert(0, str(ROOT))
+    _publish(sys.argv[2], sys.argv[3:])
