@@ -151,7 +151,7 @@ def chromium() -> str:
 def render(page: Path, profile: Path) -> Page:
     """The page's DOM after Chromium loaded it and ran whatever scripts it holds."""
     done = subprocess.run(
-        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
          f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
