@@ -235,7 +235,8 @@ def peer_cmd(
 
 @app.command("peers")
 def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
-    """Show what the node running in this home sees: its addresses, peers and counts.
+    """Show what the node running in this home sees: its addresses, peers, counts, and each peer's
+    standing with the reasons a peer lost it (its facts are then dropped and its claims not run).
 
     Example: swarm peers --home ~/.research-swarm
     """
@@ -253,12 +254,26 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     table.add_row("connected", str(len(status["connected"])))
     table.add_row("known peers", str(status["known"]))
     table.add_row("banned", str(len(status["banned"])))
+    table.add_row("silenced", str(len(status.get("silenced", []))))
     table.add_row("facts held", str(status["facts"]))
     for key, value in status["counts"].items():
         table.add_row(key, str(value))
     console.print(table)
     for peer in status["connected"]:
         console.print(f"  {peer}")
+    if status.get("standing"):
+        _print_standing(status["standing"])
+
+
+def _print_standing(rows: list[dict]) -> None:
+    table = Table(title="standing (from the ledger's facts and this node's refusals)")
+    for name in ("peer", "standing", "claims failed", "false confirms", "refused", "why"):
+        table.add_column(name, overflow="fold" if name in ("refused", "why") else "ellipsis")
+    for s in rows:
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(s["offences"].items())) or "-"
+        table.add_row(s["peer"][-12:], s["status"], f"{s['failed']} of {s['claims']}",
+                      f"{s['false_confirms']} of {s['confirms']}", refused, "; ".join(s["reasons"]) or "-")
+    console.print(table)
 
 
 @app.command("join")

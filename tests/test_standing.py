@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 
 from conftest import BASELINE, CAMPAIGN, make_result, make_verification
 
@@ -170,3 +174,12 @@ def test_the_gossip_layer_drops_facts_of_a_peer_that_lost_standing(tmp_path, ali
             node._penalise(bob.peer_id, 0.2, "flood")
         node.update_standing()
         assert node.standing[bob.peer_id].offences == {"flood": 3}
+        (tmp_path / "gossip.json").write_text(json.dumps(node.status()))
+    shown = subprocess.run(
+        [sys.executable, "-m", "node.cli", "peers", "--home", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "250"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    line = next(row for row in shown.stdout.splitlines() if alice.peer_id[-12:] in row)
+    assert "silenced" in line and "3 of its 3 settled claims failed" in line
+    assert "flood 3" in next(row for row in shown.stdout.splitlines() if bob.peer_id[-12:] in row)
