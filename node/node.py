@@ -104,7 +104,7 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
 
     def gossip() -> None:
         try:
-            run_peer(GossipConfig(home, config.listen, config.bootstrap, config.campaign),
+            run_peer(GossipConfig(home, config.listen, config.bootstrap, config.campaign, quorum=config.quorum),
                      on_ready=lambda addrs: say("listening on " + " ".join(addrs)), stop=stop)
         except BaseException as exc:  # the node cannot live without its network: stop it all
             failures.append(exc)
