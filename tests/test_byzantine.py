@@ -43,9 +43,10 @@ CAMPAIGN = "byzantine-test"
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 QUORUM = 2
 MARGIN = 0.02  # the verifiers' noise margin, bpb (a node measures its own; fixed here)
-# The test profile with a shorter budget: the same harness and data, fewer seconds per run.
-FAST = dataclasses.replace(get_profile("test"), budget_seconds=1.5, startup_seconds=60,
-                           grace_seconds=10, eval_seconds=60)  # fmt: skip
+# The test profile with a shorter budget: the same harness and data, fewer seconds per run, and
+# generous limits on start-up and evaluation (a run killed on loaded cores would be a crash).
+FAST = dataclasses.replace(get_profile("test"), budget_seconds=1.5, startup_seconds=180,
+                           grace_seconds=30, eval_seconds=180)  # fmt: skip
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
 # The campaign's baseline: learning rates a hundred times too small, so that restoring them is a
@@ -309,7 +310,9 @@ def test_byzantine_peers_lose_standing_and_adopt_nothing_while_honest_wins_are_a
 
     # The faker lost standing after its third failed claim: its last two were never run.
     failed = {fake_ids[name] for name in ("worse", "crash", "policy")}
-    assert {c["id"] for c in judged} == failed | {win}
+    verdicts = rows(v1.home, "SELECT r.description, v.verdict FROM verifications v JOIN results r "
+                    "ON r.id = v.result ORDER BY v.time")  # fmt: skip
+    assert {c["id"] for c in judged} == failed | {win}, verdicts
     for node in honest:
         wait_until(lambda n=node: watch.check() or silenced_by(n, {ids["faker"].peer_id, colluder.peer_id}),
                    f"{node.home.name} to silence the faker and the colluder")  # fmt: skip

@@ -193,6 +193,11 @@ def author_of(raw: Any) -> str | None:
     return None
 
 
+def _judge(path: Path, quorum: int) -> dict[str, standing.Standing]:
+    with Ledger(path, readonly=True) as ledger:
+        return standing.ledger_standing(ledger, quorum)
+
+
 class GossipNode:
     """The node's side of the swarm; `run()` blocks (inside trio) until cancelled."""
 
@@ -367,16 +372,22 @@ class GossipNode:
         rows = self.ledger.rows("SELECT quorum FROM campaigns ORDER BY time LIMIT 1")
         return rows[0]["quorum"] if rows else 1
 
-    def update_standing(self) -> None:
-        """Record the gossip layer's refusals in the ledger, then judge every peer again."""
+    def update_standing(self, judged: dict[str, standing.Standing] | None = None) -> None:
+        """Record the gossip layer's refusals in the ledger, then judge every peer again (or take
+        `judged`, a judgement of the ledger made elsewhere)."""
+        self._flush_offences()
+        if judged is None:
+            judged = standing.ledger_standing(self.ledger, self.quorum())
+        self.standing = judged
+        now = standing.silenced(judged)
+        for peer in sorted(now - self.silenced):
+            log.warning("%s lost standing: %s", peer, "; ".join(judged[peer].reasons))
+        self.silenced = now
+
+    def _flush_offences(self) -> None:
         offences, self._offences = self._offences, {}
         if offences:
             self.ledger.record_offences(offences)
-        self.standing = standing.ledger_standing(self.ledger, self.quorum())
-        now = standing.silenced(self.standing)
-        for peer in sorted(now - self.silenced):
-            log.warning("%s lost standing: %s", peer, "; ".join(self.standing[peer].reasons))
-        self.silenced = now
 
     def keep_standing(self, raws: list[bytes]) -> list[bytes]:
         """The facts of `raws` whose authors have standing; the others are counted and dropped."""
@@ -387,12 +398,18 @@ class GossipNode:
         return kept
 
     async def _standing_loop(self) -> None:
+        # The judgement reads the whole ledger: it runs in a thread on a connection of its own,
+        # and a large ledger is judged less often, so that gossip never waits on it.
         while True:
+            began = time.monotonic()
             try:
-                self.update_standing()
+                self._flush_offences()
+                judged = await trio.to_thread.run_sync(_judge, self.ledger.path, self.quorum())
+                self.update_standing(judged)
             except Exception as exc:  # a busy ledger: judge again next time
                 log.warning("standing not updated: %s", exc)
-            await trio.sleep(self.limits.standing_every)
+            took = time.monotonic() - began
+            await trio.sleep(max(self.limits.standing_every, 10 * took))
 
     # -------------------------------------------------------- publishing our own facts
 
