@@ -1,7 +1,7 @@
 """Standing of peers: whether this node still listens to a peer, derived from what it holds.
 
 A peer loses standing through rates over enough evidence, never through one event: its kept
-claims that the swarm refuted (or that crash for the quorum), its confirmations of such claims,
+claims that the swarm refuted (or could not run), its confirmations of such claims,
 and the messages this node refused from it. A peer that lost standing does not regain it: the
 facts and counts behind the verdict stay. Pure functions, except `ledger_standing`, which reads.
 """
@@ -36,7 +36,7 @@ class Standing:
 
     peer: str
     claims: int = 0  # its kept claims the swarm has settled: verified or failed
-    failed: int = 0  # of those, refuted by the quorum or crashed for it
+    failed: int = 0  # of those, refuted by the quorum, or not reproduced by it
     confirms: int = 0  # its confirmations of other peers' settled claims
     false_confirms: int = 0  # of those, confirmations of claims that failed
     offences: Mapping[str, int] = field(default_factory=dict)  # refused messages by reason
@@ -60,13 +60,15 @@ class Standing:
                 "points": round(self.points, 2), "reasons": list(self.reasons)}  # fmt: skip
 
 
-def crashed_claims(
+def unreproduced_claims(
     results: Iterable[Mapping[str, Any]],
     verifications: Iterable[Mapping[str, Any]],
     quorum: int = 1,
 ) -> set[str]:
-    """Results whose child crashed for at least `quorum` distinct peers other than the author (same
-    harness and profile), more of them than confirm it: a claimed win no one else could run."""
+    """Results that at least `quorum` distinct peers other than the author could not reproduce as
+    a win, refuting it or finding that its child crashes (same harness and profile), and more of
+    them than confirm it. Consensus counts a crash neither way (a smaller GPU may run out of
+    memory); here a claimed win that crashes for the quorum is a claim that failed."""
     by_id = {r["id"]: r for r in results}
     votes: dict[str, dict[str, set[str]]] = {}
     for v in verifications:
@@ -75,11 +77,12 @@ def crashed_claims(
             v["profile"] == r["profile"]
         ):  # fmt: skip
             votes.setdefault(r["id"], {}).setdefault(v["verdict"], set()).add(v["author"])
-    return {
-        rid
-        for rid, by in votes.items()
-        if len(by.get("crash", ())) >= quorum and len(by["crash"]) > len(by.get("confirm", ()))
-    }
+    failed = set()
+    for rid, by in votes.items():
+        no_win = by.get("refute", set()) | by.get("crash", set())
+        if len(no_win) >= quorum and len(no_win) > len(by.get("confirm", ())):
+            failed.add(rid)
+    return failed
 
 
 def offence_points(offences: Mapping[str, int]) -> float:
@@ -96,7 +99,8 @@ def peer_standing(
     `results` carry id, author, outcome, profile and harness (only kept ones are claims);
     `verifications` carry result, author, verdict, profile and harness; `offences` carry
     peer_id, reason and count (the ledger's `rejections`). A peer is silenced when
-    - at least MIN_FAILED of its kept claims failed (refuted, or crashed, by the quorum's rule)
+    - at least MIN_FAILED of its kept claims failed (refuted by the quorum's rule, or not
+      reproduced: `unreproduced_claims`)
       and more failed than were verified; or
     - at least MIN_FALSE_CONFIRMS of its confirmations went to claims that failed, and more than
       to claims that were verified; or
@@ -106,7 +110,7 @@ def peer_standing(
     verifications = list(verifications)
     verified = set(consensus.verified_children(kept.values(), verifications, quorum))
     failed = (consensus.refuted_claims(kept.values(), verifications, quorum)
-              | crashed_claims(kept.values(), verifications, quorum)) - verified  # fmt: skip
+              | unreproduced_claims(kept.values(), verifications, quorum)) - verified  # fmt: skip
     evidence: dict[str, dict[str, Any]] = {}
 
     def of(peer: str) -> dict[str, Any]:

@@ -57,6 +57,14 @@ def test_a_rate_not_a_count_three_failures_among_many_wins_keep_standing():
     assert peer_standing(results, votes)["prolific"].silenced
 
 
+def test_a_claim_one_verifier_refutes_and_another_cannot_run_has_failed():
+    results = [claim("c1", "faker")]
+    split = [vote("c1", "v1", "refute"), vote("c1", "v2", "crash")]
+    assert peer_standing(results, split, quorum=2)["faker"].failed == 1
+    confirmed = [*split, vote("c1", "v3", "confirm"), vote("c1", "v4", "confirm")]
+    assert peer_standing(results, confirmed, quorum=2)["faker"].failed == 0  # two against two
+
+
 def test_failures_count_only_once_the_quorum_has_settled_them():
     results, votes = judged("faker", ["refute"] * 5)
     assert peer_standing(results, votes, quorum=2)["faker"].claims == 0  # one refuter is not two
