@@ -651,14 +651,16 @@ class Ledger:
         board = self.leaderboard(quorum=quorum[0] if quorum else 1, limit=1)
         return wire.head_body(ids, authors, {p: rows[0]["child"] for p, rows in board.items()})
 
-    def facts_missing_from(self, head: dict) -> Iterator[bytes]:
+    def facts_missing_from(self, head: dict, per_author: int | None = None) -> Iterator[bytes]:
         """The raw facts a peer lacks, judged by its `head` body: for each author, those above the
-        seq up to which the peer holds everything. Some may be held already (gaps): harmless."""
+        seq up to which the peer holds everything. Some may be held already (gaps): harmless.
+        `per_author` caps each author's share, so that one author's many facts cannot crowd out
+        the others' (the peer asks again for the rest)."""
         held = {peer_id_from_public_key(key): n for key, n in head["authors"].items()}
         authors = [r[0] for r in self.conn.execute("SELECT DISTINCT author FROM facts")]
         for author in authors:
             rows = self.conn.execute(
-                "SELECT raw FROM facts WHERE author = ? AND seq > ? ORDER BY seq",
-                (author, held.get(author, 0)),
+                "SELECT raw FROM facts WHERE author = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (author, held.get(author, 0), -1 if per_author is None else per_author),
             )
             yield from (raw for (raw,) in rows)

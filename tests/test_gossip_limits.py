@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from conftest import BASELINE, CAMPAIGN, make_result
 
 from node.gossip.frames import FrameError, pack, unpack
 from node.gossip.limits import Limits, PeerBook
+from node.ledger import Ledger
 
 
 def test_a_peer_over_its_rate_is_refused_after_the_burst() -> None:
@@ -56,3 +58,19 @@ def test_a_frame_that_is_not_msgpack_is_a_frame_error(junk: bytes) -> None:
     with pytest.raises(FrameError):
         unpack(junk)
     assert unpack(pack({"authors": {b"k" * 32: 3}})) == {"authors": {b"k" * 32: 3}}
+
+
+def test_one_authors_many_facts_cannot_crowd_others_out_of_a_sync_answer(tmp_path, alice, bob):
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        book.ingest_many(
+            [make_result(alice, seq, BASELINE, "11" * 32, 1.0).raw for seq in range(1, 51)]
+        )
+        honest = [make_result(bob, seq, BASELINE, "22" * 32, 1.0).raw for seq in (1, 2, 3)]
+        book.ingest_many(honest)
+        answer = list(book.facts_missing_from({"authors": {}}, per_author=10))
+        assert len(answer) == 13 and set(honest) <= set(answer)
+        # The peer asks again from where it holds everything: the flood continues, 10 at a time.
+        again = list(
+            book.facts_missing_from({"authors": {alice.public_key: 10, bob.public_key: 3}}, 10)
+        )
+        assert len(again) == 10 and not set(again) & set(answer)

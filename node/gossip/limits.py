@@ -28,6 +28,7 @@ class Limits:
     max_rpc_bytes: int = 512 << 10  # one pubsub frame; a fact is a few KB (heads up to 256 KB)
     max_wanted: int = 1000  # versions waiting to be fetched
     max_sync_facts: int = 5000  # facts sent in one sync exchange (the next one continues)
+    max_sync_per_author: int = 1000  # of those, by one author
     max_sync_bytes: int = 16 << 20
     sync_seconds: float = 30.0
     resync_every: float = 30.0  # anti-entropy with a random peer, for partitions that healed

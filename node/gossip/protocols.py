@@ -134,7 +134,8 @@ async def _serve_sync(node: GossipNode, stream: Any, peer: str) -> None:
         return
     # Collect first (bounded), then send: no cursor stays open while we wait on the peer.
     campaign = request.get("campaign")
-    wanted = (raw for raw in node.ledger.facts_missing_from({"authors": authors})
+    share = node.limits.max_sync_per_author  # one author's flood cannot fill the answer
+    wanted = (raw for raw in node.ledger.facts_missing_from({"authors": authors}, share)
               if campaign is None or _campaign_of(raw) == campaign)  # fmt: skip
     missing = list(itertools.islice(wanted, node.limits.max_sync_facts))
     sent = 0
