@@ -35,6 +35,7 @@ from node.trainer.profiles import Profile
 from node.trainer.sandbox import (
     bwrap_command,
     clean_environment,
+    end_processes_of,
     limit_resources,
     sandbox_available,
     sandbox_uid,
@@ -300,6 +301,8 @@ class _Run:
         finally:
             os.close(read_fd)
             _kill_group(proc)
+            if uid is not None:
+                end_processes_of(uid)
 
 
 def _score(

@@ -17,6 +17,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 MAX_FILE_BYTES = 1 << 30  # the log and any file train.py writes; past it the run is killed
@@ -153,6 +154,45 @@ def bwrap_command(
             *cmd,
         ]
     return [*args, "--", *cmd]
+
+
+def processes_of(uid: int) -> list[int]:
+    """Process ids that `uid` owns now."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def end_processes_of(uid: int, timeout: float = 10.0) -> None:
+    """Kill every process of a sandbox's own uid and wait until none is left.
+
+    bubblewrap's outer process can exit a moment before its process namespace is torn down,
+    so a run's processes may still live when the runner has reaped it. A process of that uid
+    sends the kill to all of them at once (kill -1), which a fork bomb cannot outrun.
+    """
+    end = time.monotonic() + timeout
+    while processes_of(uid) and time.monotonic() < end:
+        subprocess.run(
+            [
+                shutil.which("setpriv") or "setpriv",
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--",
+                "/bin/sh",
+                "-c",
+                "kill -KILL -1",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+        )
+        time.sleep(0.05)
 
 
 def tasks_of(uid: int) -> int:

@@ -81,22 +81,24 @@ def _close_doors() -> None:
 
 
 def _check_graph(program: torch.export.ExportedProgram) -> None:
-    """Only aten tensor ops, no file or console ops, and no state carried from one call to the next."""
-    signature = program.graph_signature
-    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+    """Only aten tensor ops, no file or console ops, and no state carried from one call to the next.
+
+    torch.export keeps in-place ops in its graph, so a write is refused when it lands on a
+    parameter, a buffer, a constant or the input, or on a view of one.
+    """
+    if len(program.graph_signature.user_inputs) != 1:
         raise ModelRefused(
-            "the model changes its own buffers or its input when called; "
-            "a scored model must be a pure function of its tokens"
-        )
-    if len(signature.user_inputs) != 1:
-        raise ModelRefused(
-            f"the model takes {len(signature.user_inputs)} inputs; it must take the tokens only"
+            f"the model takes {len(program.graph_signature.user_inputs)} inputs; it must take the tokens only"
         )
     for module in program.graph_module.modules():
         graph = getattr(module, "graph", None)
+        state: set = set()  # nodes that are, or view, what outlives one call
         for node in graph.nodes if graph is not None else ():
-            if node.op == "call_function":
+            if node.op in ("placeholder", "get_attr"):
+                state.add(node)
+            elif node.op == "call_function":
                 _check_op(node.target)
+                _check_writes(node, state)
             elif node.op in ("call_module", "call_method"):
                 raise ModelRefused(
                     f"the model's graph calls {node.op} {node.target!r}; only aten ops are allowed"
@@ -115,6 +117,35 @@ def _check_op(target) -> None:
         "file" in a.name or "path" in a.name for a in target._schema.arguments
     ):
         raise ModelRefused(f"the model calls aten.{name}, which reaches files or the console")
+
+
+def _flat(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return [item for inner in value for item in _flat(inner)]
+    return [value] if isinstance(value, torch.fx.Node) else []
+
+
+def _check_writes(node: torch.fx.Node, state: set) -> None:
+    """Refuse a write into state; mark `node` as state when it is a view of state."""
+    if node.target is operator.getitem:
+        if node.args[0] in state:
+            state.add(node)
+        return
+    schema = node.target._schema
+    named = dict(zip((a.name for a in schema.arguments), node.args, strict=False)) | dict(
+        node.kwargs
+    )
+    for argument in schema.arguments:
+        written = argument.alias_info is not None and argument.alias_info.is_write
+        if written and any(v in state for v in _flat(named.get(argument.name))):
+            raise ModelRefused(
+                f"the model writes into its own weights, buffers or input ({node.target}); "
+                "a scored model must be a pure function of its tokens"
+            )
+    if any(r.alias_info is not None for r in schema.returns) and any(
+        v in state for v in _flat(list(named.values()))
+    ):
+        state.add(node)
 
 
 def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, int]:

@@ -1,0 +1,89 @@
+"""Benchmark what scoring costs: the time from `finish()` to the score, per seed, for one profile.
+
+Runs the baseline through the real runner (sandbox included) and prints, per seed, val_bpb and
+the evaluation's parts: the export (training process), the scorer's start-up and model load, and
+the scoring itself. Run it with another checkout's `node` first on PYTHONPATH to compare harnesses.
+
+    python scripts/bench_scoring.py --profile test --seeds 0 1 2
+    python scripts/bench_scoring.py --profile cpu --budget 10 --seeds 0 1 2
+    python scripts/bench_scoring.py --profile gpu --budget 20 --tokens DIR --no-sandbox   # a built token folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import node
+from node.trainer import BASELINE_TRAIN_PY, TokenData, get_profile, prepare_data, run_experiment
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="test")
+    parser.add_argument(
+        "--budget", type=float, help="training seconds (the evaluation does not depend on it)"
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--data-cache", default=os.environ.get("SWARM_TEST_DATA", "/tmp/swarmcache")
+    )
+    parser.add_argument(
+        "--tokens", help="a built token folder (train.bin, val.bin, token_bytes.npy, manifest.json)"
+    )
+    parser.add_argument(
+        "--no-sandbox", action="store_true", help="run without bubblewrap (a machine without it)"
+    )
+    args = parser.parse_args()
+    profile = get_profile(args.profile)
+    if args.budget:
+        profile = dataclasses.replace(profile, budget_seconds=args.budget)
+    if args.tokens:
+        data = TokenData(
+            Path(args.tokens), json.loads((Path(args.tokens) / "manifest.json").read_text())
+        )
+    else:
+        data = prepare_data(profile, Path(args.data_cache))
+    print(
+        f"harness from {Path(node.__file__).parent}; profile {profile.name}, budget {profile.budget_seconds:.0f} s"
+    )
+    print(
+        "seed | val_bpb | eval (finish to score) | export | scorer start-up and load | scoring | total"
+    )
+    evals = []
+    for seed in args.seeds:
+        events: dict = {}
+        with tempfile.TemporaryDirectory() as folder:
+            result = run_experiment(
+                BASELINE_TRAIN_PY,
+                profile,
+                data,
+                Path(folder) / "run",
+                seed=seed,
+                sandbox=False if args.no_sandbox else None,
+                on_event=lambda e, seen=events: seen.setdefault(e["event"], e),
+            )
+        if result.outcome != "ok":
+            raise SystemExit(f"seed {seed}: {result.error}\n{result.log_tail}")
+        evals.append(result.eval_seconds)
+        export = events.get("exported", {}).get("export_seconds")
+        load, score = events["result"].get("load_seconds"), events["result"].get("score_seconds")
+        shown = [
+            f"{v:.2f} s" if v is not None else "-"
+            for v in (result.eval_seconds, export, load, score)
+        ]
+        print(
+            f"{seed} | {result.val_bpb:.4f} | "
+            + " | ".join(shown)
+            + f" | {result.total_seconds:.1f} s"
+        )
+    print(f"evaluation: median {statistics.median(evals):.2f} s over {len(evals)} seeds")
+
+
+if __name__ == "__main__":
+    main()
