@@ -281,8 +281,8 @@ class GossipNode:
                 nursery.start_soon(self._maintain)
                 nursery.start_soon(self._status_loop)
                 nursery.start_soon(self._fetch_loop)
-                nursery.start_soon(self._standing_loop)
-                if self.topic:
+                if self.topic:  # a bare bootstrap archives many campaigns: it judges no one
+                    nursery.start_soon(self._standing_loop)
                     nursery.start_soon(self._own_facts_loop)
                     if self.config.publish_every > 0:
                         nursery.start_soon(self._synthetic_loop)
