@@ -292,3 +292,23 @@ def test_a_verified_head_that_crashes_here_is_not_adopted(book, alice, bob, caro
     step = worker.step()
     assert worker.head.sha256 == sha(BASELINE) and step.outcome == "discard"
     assert worker.adopted == sha(NARROW)  # it tried once, and does not try every step
+
+
+def test_a_node_whose_own_chain_starts_from_the_new_head_keeps_building_on_its_chain(
+    book, alice, bob, tmp_path
+):
+    landscape = Landscape()
+    worker = researcher(book, alice, tmp_path, Scripted(NARROW, BOTH), landscape, verify_every=0)
+    assert worker.step().outcome == "keep" and worker.step().outcome == "keep"
+    assert worker.head.source == BOTH  # NARROW, then BOTH on top: neither verified yet
+    with ledger_of(tmp_path, "bob") as bobs:
+        gossip(book, bobs)
+        verifier = researcher(bobs, bob, tmp_path / "bob", Scripted(), landscape, verify_every=1)
+        verified = verifier.step()  # the frontier first: alice's NARROW, built on the baseline
+        assert verified.verdict == "confirm"
+        gossip(bobs, book)
+    assert best_head(book, "test", sha(BASELINE), 1, harness_sha256()) == sha(NARROW)
+    worker.proposer = type(worker.proposer)(Scripted(SOFTCAP))
+    worker.step()
+    assert worker.adopted == sha(NARROW)
+    assert worker.head.source == BOTH  # its own better chain goes on; it did not fall back to NARROW

@@ -128,6 +128,8 @@ class Researcher:
                 self.head = Head(self.baseline_source, self.score(self.baseline_source))
             return
         self.adopted = best
+        if self.head is not None and self._builds_on(self.head.sha256, best):
+            return  # this node's own kept chain already starts from the new head: go on from it
         if self.head is None or self.head.sha256 != best:
             try:
                 self.head = Head(source.decode(), self.score(source.decode()))
@@ -140,6 +142,23 @@ class Researcher:
             self.ledger, best, self.profile.name, self.quorum, self.harness
         )
         self.proposer.queue_for(self.head.source, merges)
+
+    def _builds_on(self, version: str, ancestor: str) -> bool:
+        """Whether `version` descends from `ancestor` through kept results in the ledger."""
+        seen = set()
+        while version not in seen:
+            if version == ancestor:
+                return True
+            seen.add(version)
+            rows = self.ledger.rows(
+                "SELECT parent FROM results WHERE child = ? AND profile = ? AND outcome = 'keep' "
+                "ORDER BY time LIMIT 1",
+                (version, self.profile.name),
+            )
+            if not rows:
+                return False
+            version = rows[0]["parent"]
+        return False
 
     def step(self) -> Step | Verified:
         """One experiment: a verification of a peer's claim (every `verify_every`-th step, when
