@@ -7,7 +7,7 @@ The head comes from `consensus.best_head` alone. This module never publishes and
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from node import consensus
@@ -59,11 +59,20 @@ def merge_proposals(
     """Verified wins made on other parents than `head`, each merged three-way onto the head
     (its parent as the base), best claimed val_bpb first. Wins already in the head's lineage,
     conflicting merges, and merges that do not compile are left out."""
-    head_source = ledger.version(head)
+    results, verifications = swarm_rows(ledger, profile)
+    return merges_onto(head, results, verifications, ledger.version, quorum, harness)
+
+
+def merges_onto(
+    head: str, results: list[Mapping[str, Any]], verifications: list[Mapping[str, Any]],
+    version: Callable[[str], bytes | None], quorum: int = 1, harness: str | None = None,
+) -> list[Proposal]:  # fmt: skip
+    """`merge_proposals` over given rows, with `version` giving a train.py's bytes by sha256
+    (None when not held). Pure apart from what `version` does."""
+    head_source = version(head)
     if head_source is None:
         return []
     head_text = head_source.decode()
-    results, verifications = swarm_rows(ledger, profile)
     kept = [
         r for r in results
         if r["outcome"] == "keep" and r["val_bpb"] is not None
@@ -77,7 +86,7 @@ def merge_proposals(
     ):
         if r["child"] in lineage or r["parent"] == head:
             continue
-        parent, child = ledger.version(r["parent"]), ledger.version(r["child"])
+        parent, child = version(r["parent"]), version(r["child"])
         if parent is None or child is None:
             continue
         merged = merge(parent.decode(), head_text, child.decode())
