@@ -1,0 +1,170 @@
+"""What one simulated node holds and believes: its facts, its best head, the claims it would verify.
+
+Two honest implementations of one face. `LedgerView` is a real `Ledger` per node (in memory):
+every fact it receives passes `wire.decode` (signature included) and SQLite, and the head and
+claims come from `adoption.best_head` and `verifier.ledger_claims_to_verify`, as in a live node.
+`SharedView` is the view at scale: the set of facts the node holds of one shared store whose
+facts were each checked once when signed, fed to the same `consensus` and `verifier` functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from node import consensus, wire
+from node.agent import adoption, verifier
+from node.agent.proposers import Proposal
+from node.identity import Identity
+from node.ledger import Ledger
+from node.simulation.landscape import HARNESS
+from node.simulation.network import FactStore
+
+CAMPAIGN = "sim"
+PROFILE = "gpu"
+EPOCH_MS = 1_800_000_000_000  # virtual second 0, as a fact's time in ms (fixed: determinism)
+CLAIMS_PER_LOOK = 3  # the Researcher looks at this many open claims per verification step
+
+
+def time_ms(now: float) -> int:
+    return EPOCH_MS + int(round(now * 1000))
+
+
+class SharedView:
+    """A node's view over the shared store: the facts it holds (a row of `store.held`), and the
+    kept results and verifications among them, which are all `consensus.best_head` and
+    `verifier.claims_to_verify` read (both leave every other result out first).
+
+    `best_head` is given only the kept results that hold a confirmation in the view, with their
+    verifications: a result no peer confirmed is never verified, whatever the quorum, so the
+    head is the same as from all facts, for far less work at a thousand nodes."""
+
+    def __init__(self, store: FactStore, node: int, baseline: str, quorum: int) -> None:
+        self.store, self.node, self.baseline, self.quorum = store, node, baseline, quorum
+        self.kept: list[dict] = []
+        self.verifications: list[dict] = []
+        self.checks_of: dict[str, list[dict]] = {}  # result id -> its verifications here
+        self.kept_by_id: dict[str, dict] = {}
+        self.confirmed: dict[str, dict] = {}  # kept results with a confirmation here
+        self.seq = 0
+        self._best: tuple[Any, str] = (None, baseline)
+        self._claims: tuple[Any, list] = (None, [])
+
+    def add(self, indices: Iterable[int], now: float) -> int:
+        """Take facts into the view (those already held are skipped); returns how many were new."""
+        held, rows, new = self.store.held, self.store.rows, 0
+        for i in indices:
+            if held[self.node, i]:
+                continue
+            held[self.node, i] = True
+            new += 1
+            row = rows[i]
+            if "verdict" in row:
+                self.verifications.append(row)
+                self.checks_of.setdefault(row["result"], []).append(row)
+                kept = self.kept_by_id.get(row["result"])
+                if row["verdict"] == "confirm" and kept is not None:
+                    self.confirmed[row["result"]] = kept
+            elif row["outcome"] == "keep":
+                self.kept.append(row)
+                self.kept_by_id[row["id"]] = row
+                if any(v["verdict"] == "confirm" for v in self.checks_of.get(row["id"], ())):
+                    self.confirmed[row["id"]] = row
+        return new
+
+    def _key(self) -> tuple[int, int]:
+        return len(self.kept), len(self.verifications)
+
+    def best_head(self) -> str:
+        if self._best[0] != self._key():  # a pure function of the view: same view, same head
+            checks = [v for rid in self.confirmed for v in self.checks_of[rid]]
+            head = consensus.best_head(
+                list(self.confirmed.values()), checks, PROFILE, self.baseline, self.quorum,
+                HARNESS,
+            )  # fmt: skip
+            self._best = (self._key(), head)
+        return self._best[1]
+
+    def merges(self, head: str, version: Callable[[str], bytes | None]) -> list[Proposal]:
+        """`adoption.merges_onto` the head: other verified wins, merged three-way onto it (as
+        for the head, only results with a confirmation can be verified wins)."""
+        checks = [v for rid in self.confirmed for v in self.checks_of[rid]]
+        return adoption.merges_onto(
+            head, list(self.confirmed.values()), checks, version, self.quorum, HARNESS
+        )
+
+    def claims(self, me: str) -> list[Mapping[str, Any]]:
+        if self._claims[0] != self._key():
+            found = verifier.claims_to_verify(
+                self.kept, self.verifications, me, PROFILE, HARNESS, self.quorum,
+                limit=CLAIMS_PER_LOOK, baseline=self.baseline,
+            )  # fmt: skip
+            self._claims = (self._key(), found)
+        return self._claims[1]
+
+    def sign(self, me: Identity, kind: str, body: dict, now: float) -> wire.Fact:
+        self.seq += 1
+        return wire.sign(me, kind, CAMPAIGN, self.seq, body, time_ms(now))
+
+    def own(self, index: int, now: float) -> None:
+        """Take this node's own fact, once the store holds it as `index`."""
+        self.add([index], now)
+
+    def close(self) -> None:
+        pass
+
+
+class LedgerView(SharedView):
+    """A real in-memory `Ledger` per node: every received fact is decoded, its signature checked
+    and stored again by this node, as a live node does."""
+
+    def __init__(self, store: FactStore, node: int, baseline: str, quorum: int) -> None:
+        super().__init__(store, node, baseline, quorum)
+        self.ledger = Ledger(":memory:", campaign=CAMPAIGN)
+        self.facts = 0
+        self.rejected = 0
+
+    def add(self, indices: Iterable[int], now: float) -> int:
+        held = self.store.held
+        new = [i for i in indices if not held[self.node, i]]
+        if not new:
+            return 0
+        held[self.node, new] = True
+        out = self.ledger.ingest_many([self.store.facts[i].raw for i in new], now_ms=time_ms(now))
+        self.rejected += sum(isinstance(item, wire.Rejection) for item in out)
+        self.facts += len(new)
+        return len(new)
+
+    def _key(self) -> tuple[int, int]:
+        return self.facts, 0
+
+    def best_head(self) -> str:
+        if self._best[0] != self._key():
+            head = adoption.best_head(self.ledger, PROFILE, self.baseline, self.quorum, HARNESS)
+            self._best = (self._key(), head)
+        return self._best[1]
+
+    def merges(self, head: str, version: Callable[[str], bytes | None]) -> list[Proposal]:
+        """`adoption.merges_onto` over this ledger's rows; versions come by hash from `version`
+        (the gossip layer's fetch, in a live node)."""
+        results, verifications = adoption.swarm_rows(self.ledger, PROFILE)
+        return adoption.merges_onto(head, results, verifications, version, self.quorum, HARNESS)
+
+    def claims(self, me: str) -> list[Mapping[str, Any]]:
+        if self._claims[0] != self._key():
+            found = verifier.ledger_claims_to_verify(
+                self.ledger, me, PROFILE, HARNESS, self.quorum, limit=CLAIMS_PER_LOOK,
+                baseline=self.baseline,
+            )  # fmt: skip
+            self._claims = (self._key(), found)
+        return self._claims[1]
+
+    def sign(self, me: Identity, kind: str, body: dict, now: float) -> wire.Fact:
+        return self.ledger.publish(me, kind, body, time_ms(now))
+
+    def own(self, index: int, now: float) -> None:
+        self.store.held[self.node, index] = True  # `publish` stored it in the ledger already
+        self.facts += 1
+
+    def close(self) -> None:
+        self.ledger.close()
