@@ -119,12 +119,27 @@ class SimNode:
         if best == self.adopted:
             return
         self.adopted = best
+        if self._builds_on(self.head, best):  # its own kept chain starts from the new head
+            self.sim.adopted(self, best)
+            return
         if self.head != best:
             self.head_score = yield from self._score(best, "adopt")
             self.head = best
         self.sim.adopted(self, best)
         merges = self.view.merges(best, self.sim.source_of)
         self.queue = [(best, land.parse(p.source), p.description) for p in merges]
+
+    def _builds_on(self, version: str, ancestor: str) -> bool:
+        """The Researcher's `_builds_on`: `version` descends from `ancestor` by kept results."""
+        seen = set()
+        while version not in seen:
+            if version == ancestor:
+                return True
+            seen.add(version)
+            if version not in self.sim.kept_parent_of:
+                return False
+            version = self.sim.kept_parent_of[version]
+        return False
 
     def _research(self) -> Generator[float, None, None]:
         parent, child_x, what = self.head, None, "surrogate step"

@@ -67,7 +67,7 @@ class Simulation:
             s.nodes, np.random.default_rng([s.seed, 1]), s.latency, s.loss, partition
         )
         self.versions: dict[str, np.ndarray] = {}
-        self.parent_of: dict[str, str] = {}
+        self.kept_parent_of: dict[str, str] = {}
         self.baseline = self.add_version(land.BASELINE)
         self.use_ledger = s.ledger == "sqlite" or (
             s.ledger == "auto" and s.nodes <= LEDGER_MAX_NODES
@@ -111,8 +111,8 @@ class Simulation:
     def publish(self, node: SimNode, fact: wire.Fact) -> None:
         index = self.store.add(fact, self.now)
         node.view.own(index, self.now)
-        if fact.kind == "result":
-            self.parent_of.setdefault(fact.body["child"], fact.body["parent"])
+        if fact.kind == "result" and fact.body["outcome"] == "keep":
+            self.kept_parent_of.setdefault(fact.body["child"], fact.body["parent"])
         self.net.send(index, node.index, self.now)
 
     def collude(self, author: SimNode, fact: wire.Fact) -> None:
@@ -149,11 +149,11 @@ class Simulation:
 
     def _lineage_has_fake(self, version: str) -> bool:
         seen = set()
-        while version in self.parent_of and version not in seen:
+        while version in self.kept_parent_of and version not in seen:
             if version in self.fakes:
                 return True
             seen.add(version)
-            version = self.parent_of[version]
+            version = self.kept_parent_of[version]
         return False
 
     # ------------------------------------------------------------ events
