@@ -6,7 +6,7 @@ the scoring itself. Run it with another checkout's `node` first on PYTHONPATH to
 
     python scripts/bench_scoring.py --profile test --seeds 0 1 2
     python scripts/bench_scoring.py --profile cpu --budget 10 --seeds 0 1 2
-    python scripts/bench_scoring.py --profile gpu --budget 20 --tokens DIR --no-sandbox   # a built token folder
+    python scripts/bench_scoring.py --profile gpu --budget 20 --tokens DIR --no-sandbox --lookahead
 """
 
 from __future__ import annotations
@@ -83,6 +83,20 @@ def main() -> None:
             + f" | {result.total_seconds:.1f} s"
         )
     print(f"evaluation: median {statistics.median(evals):.2f} s over {len(evals)} seeds")
+    if args.lookahead:
+        with tempfile.TemporaryDirectory() as folder:
+            peeking = Path(folder) / "train.py"
+            peeking.write_text(
+                BASELINE_TRAIN_PY.read_text().replace("is_causal=True", "is_causal=False")
+            )
+            result = run_experiment(
+                peeking,
+                profile,
+                data,
+                Path(folder) / "run",
+                sandbox=False if args.no_sandbox else None,
+            )
+        print(f"without the causal mask: {result.outcome}: {result.error}")
 
 
 if __name__ == "__main__":
