@@ -6,11 +6,15 @@ and prints the full multiaddr others pass to `--bootstrap`. Any node can play th
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from node.gossip import GossipConfig, run_peer
 
 
-def run_bootstrap(listen: str, home: Path, campaign: str | None = None) -> None:
-    """Run the bootstrap peer until interrupted; its key lives in HOME, so its address is stable."""
-    run_peer(GossipConfig(home=home, listen=listen, campaign=campaign))
+def run_bootstrap(
+    listen: str, home: Path, campaign: str | None = None, stop: threading.Event | None = None
+) -> None:
+    """Run the bootstrap peer until `stop` is set; its key lives in HOME, so its address is
+    stable."""
+    run_peer(GossipConfig(home=home, listen=listen, campaign=campaign), stop=stop)

@@ -207,7 +207,7 @@ def bootstrap_cmd(
     from bootstrap import run_bootstrap
     from node.home import resolve_home
 
-    run_bootstrap(listen, resolve_home(home), campaign)
+    run_bootstrap(listen, resolve_home(home), campaign, stop=_stop_on_signal())
 
 
 @app.command("peer")
@@ -230,7 +230,19 @@ def peer_cmd(
     from node.home import resolve_home
 
     run_peer(GossipConfig(home=resolve_home(home), listen=listen, bootstrap=list(bootstrap or []),
-                          campaign=campaign, publish_every=publish_every, publish_count=publish_count))
+                          campaign=campaign, publish_every=publish_every, publish_count=publish_count),
+             stop=_stop_on_signal())
+
+
+def _stop_on_signal():
+    """An event that Ctrl-C or SIGTERM sets, so that a peer stops cleanly (exit code 0)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
 
 
 @app.command("peers")
@@ -440,6 +452,72 @@ def campaign_show(
     for key, value in info.items():
         table.add_row(key, json.dumps(value) if isinstance(value, (list, dict)) else str(value))
     console.print(table)
+
+
+@app.command("local")
+def local_cmd(
+    nodes: Annotated[int, typer.Option("--nodes", help="How many research nodes to start.")] = 3,
+    minutes: Annotated[float, typer.Option("--minutes", help="How long the swarm runs before it stops and reports.")] = 10.0,
+    profile: ProfileOption = "cpu",
+    campaign: Annotated[str, typer.Option("--campaign", help="A campaign file, or a campaign name (default: local).")] = "local",
+    model: Annotated[str | None, typer.Option("--model", help="An LLM through litellm for every node; default: the offline proposer.")] = None,
+    api_base: Annotated[str | None, typer.Option("--api-base", help="A local OpenAI-style server for --model.")] = None,
+    data: DataOption = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Forget the earlier local swarm's ledgers first (default: resume them).")] = False,
+    sandbox: Annotated[bool, typer.Option("--sandbox/--no-sandbox", help="--no-sandbox runs train.py unconfined.")] = True,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A whole swarm on this machine: a bootstrap and NODES nodes on 127.0.0.1, live progress, then the results.
+
+    Ledgers and logs stay under HOME/local/ for `swarm ledger ... --home HOME/local/node0` and `swarm report`.
+
+    Example: swarm local --nodes 3 --minutes 10 --profile cpu
+    """
+    from node.home import resolve_home
+    from node.local import LocalSwarm, progress_line, reset, run_local, status_table
+
+    if nodes < 1 or minutes <= 0:
+        raise SwarmError("--nodes must be at least 1 and --minutes more than 0")
+    root = resolve_home(home) / "local"
+    if fresh:
+        reset(root)
+    swarm = LocalSwarm(root, nodes, profile, minutes, campaign, model, api_base, data, sandbox)
+    _prepare(profile, data, root.parent)  # the data, built once before the nodes start
+    if console.is_terminal and not as_json:
+        from rich.live import Live
+
+        with Live(console=console, refresh_per_second=2) as live:
+            result = run_local(swarm, _status_line, lambda rows, left: live.update(status_table(rows, left)))
+    else:  # a log, not a terminal: a plain line every 30 s
+        last = [0.0]
+
+        def show(rows: list[dict], left: float) -> None:
+            if time.monotonic() - last[0] >= 30:
+                last[0] = time.monotonic()
+                _status_line(progress_line(rows, left))
+
+        result = run_local(swarm, _status_line, show)
+    if as_json:
+        print(json.dumps(result))
+        return
+    _local_summary(result)
+
+
+def _local_summary(result: dict) -> None:
+    from node.inspection import leaderboard, lineage
+
+    first = Path(result["nodes"][0]["home"])
+    console.print(f"\n[bold]after {result['seconds'] / 60:.1f} min[/]: "
+                  + ("all nodes hold the same best head" if result["agreed"] else "the nodes' heads differ"))
+    leaderboard(home=first, db=None, quorum=result["quorum"], limit=5, as_json=False)
+    if result["best"] and result["best"] != result["baseline"]:
+        lineage(result["best"], home=first, db=None, as_json=False)
+    else:
+        console.print("no verified win yet: the best head is still the baseline")
+    for node in result["nodes"]:
+        console.print(f"{node['node']}: ledger {node['ledger']} ({node.get('experiments', 0)} experiments)")
+    console.print(f"inspect with: swarm ledger leaderboard --home {first}   or   swarm report --home {first} --out report/")
 
 
 def main() -> None:
