@@ -39,6 +39,11 @@ def main() -> None:
     parser.add_argument(
         "--no-sandbox", action="store_true", help="run without bubblewrap (a machine without it)"
     )
+    parser.add_argument(
+        "--lookahead",
+        action="store_true",
+        help="also run the baseline without its causal mask: the scorer must refuse it",
+    )
     args = parser.parse_args()
     profile = get_profile(args.profile)
     if args.budget:
