@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -105,16 +106,28 @@ MEANS = (
 
 
 def _means(summaries: list[dict]) -> dict:
-    """Means over seeds (of the seeds where a figure exists), the speed-up as a ratio of means,
-    and how many seeds reached the target, agreed, or adopted something wrong."""
+    """Means over seeds (of the seeds where a figure exists), medians of the hours to the
+    target and the speed-up as their ratio, and how many seeds reached the target, agreed, or
+    adopted something wrong."""
     out: dict = {}
     for key in MEANS:
         values = [s[key] for s in summaries if s[key] is not None]
         out[f"mean_{key}"] = statistics.fmean(values) if values else None
-    one, swarm = out["mean_one_node_hours_to_target"], out["mean_hours_to_target_verified"]
-    if len(summaries) and summaries[0]["settings"]["nodes"] == 1:
-        swarm = out["mean_hours_to_target_local"]
-    out["speed_up_of_means"] = one / swarm if one and swarm else None
+    # Medians count a seed that never reached the target as slower than any that did.
+    for key in ("hours_to_target_verified", "one_node_hours_to_target"):
+        values = [math.inf if s[key] is None else s[key] for s in summaries]
+        if key == "hours_to_target_verified" and summaries[0]["settings"]["nodes"] == 1:
+            values = [math.inf if s["hours_to_target_local"] is None else s["hours_to_target_local"]
+                      for s in summaries]  # fmt: skip
+        median = statistics.median(values)
+        out[f"median_{key}"] = None if math.isinf(median) else median
+    one, swarm = out["median_one_node_hours_to_target"], out["median_hours_to_target_verified"]
+    out["speed_up_of_medians"] = one / swarm if one and swarm else None
+    alone = summaries[0]["settings"]["nodes"] == 1
+    out["per_seed_hours_to_target"] = [
+        s["hours_to_target_local" if alone else "hours_to_target_verified"] for s in summaries
+    ]
+    out["per_seed_one_node_hours"] = [s["one_node_hours_to_target"] for s in summaries]
     out["seeds_reaching_target"] = sum(s["speed_up"] is not None for s in summaries)
     out["seeds_all_agree"] = sum(s["all_agree"] for s in summaries)
     out["seeds_with_wrong_adoption"] = sum(s["wrong_adopted"] for s in summaries)

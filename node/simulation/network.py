@@ -30,6 +30,7 @@ class FactStore:
     made: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     held: np.ndarray = field(init=False)
+    merges: dict = field(default_factory=dict)  # (head, verified wins) -> merge proposals
 
     def __post_init__(self) -> None:
         self.held = np.zeros((self.nodes, 1024), dtype=bool)
