@@ -39,6 +39,16 @@ def test_the_same_seed_gives_the_same_facts_and_figures_and_another_seed_does_no
     assert a["rejected_by_ledgers"] == 0  # every fact passed every receiving node's ledger
 
 
+def test_the_shared_store_signs_the_same_facts_and_adopts_the_same_as_per_node_ledgers():
+    settings = dict(nodes=5, seed=1, hours=2.0, loss=0.1, stop_at_target=False)
+    ledgers, by_ledger = _run(ledger="sqlite", **settings)
+    shared, by_store = _run(ledger="shared", **settings)
+    assert [f.id for f in ledgers.store.facts] == [f.id for f in shared.store.facts]
+    for summary in (by_ledger, by_store):
+        summary.pop("wall_seconds"), summary.pop("settings")
+    assert by_ledger == by_store
+
+
 def test_a_small_swarm_reaches_the_target_faster_than_one_node():
     alone, swarm = [], []
     for seed in (0, 1):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from node import consensus, wire
+from node import consensus, standing, wire
 from node.agent import adoption, verifier
 from node.agent.proposers import Proposal
 from node.identity import Identity
@@ -104,9 +104,13 @@ class SharedView:
 
     def claims(self, me: str) -> list[Mapping[str, Any]]:
         if self._claims[0] != self._key():
+            # As `ledger_claims_to_verify`: claims of peers that lost standing are skipped.
+            skip = standing.silenced(
+                standing.peer_standing(self.kept, self.verifications, (), self.quorum)
+            )
             found = verifier.claims_to_verify(
                 self.kept, self.verifications, me, PROFILE, HARNESS, self.quorum,
-                limit=CLAIMS_PER_LOOK, baseline=self.baseline,
+                limit=CLAIMS_PER_LOOK, baseline=self.baseline, skip=skip,
             )  # fmt: skip
             self._claims = (self._key(), found)
         return self._claims[1]
