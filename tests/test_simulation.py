@@ -83,6 +83,16 @@ def test_colluders_at_the_quorum_get_their_fakes_adopted():
 
 
 def test_a_partition_heals_and_both_halves_agree():
+    cut, _ = _run(
+        nodes=8, seed=4, hours=2.0, partition=(0.5, 2.5), ledger="shared", stop_at_target=False,
+        drain_hours=0.0,
+    )  # fmt: skip
+    index = {n.peer_id: n.index for n in cut.nodes}
+    during = [k for k, t in enumerate(cut.store.made) if 0.6 * 3600 < t < 1.9 * 3600]
+    for k in during:  # while cut, no fact crossed from one half to the other
+        side = index[cut.store.facts[k].peer_id] % 2
+        assert not cut.store.held[1 - side :: 2, k].any()
+    assert during
     sim, summary = _run(
         nodes=8, seed=4, hours=4.0, partition=(0.5, 2.5), ledger="shared", stop_at_target=False
     )
