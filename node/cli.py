@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -195,7 +196,7 @@ ListenOption = Annotated[str, typer.Option("--listen", help="Multiaddr to listen
 @app.command("bootstrap")
 def bootstrap_cmd(
     listen: ListenOption = "/ip4/0.0.0.0/tcp/4001",
-    campaign: Annotated[str | None, typer.Option("--campaign", help="Also relay and store this campaign's facts.")] = None,
+    campaign: Annotated[str | None, typer.Option("--campaign", help="Also relay and store this campaign's facts: its name, or its campaign file, which the bootstrap then serves to newcomers.")] = None,
     home: HomeOption = None,
 ) -> None:
     """Run a bootstrap peer: a stable address that newcomers dial first. It trains nothing.
@@ -207,7 +208,18 @@ def bootstrap_cmd(
     from bootstrap import run_bootstrap
     from node.home import resolve_home
 
-    run_bootstrap(listen, resolve_home(home), campaign, stop=_stop_on_signal())
+    home_dir = resolve_home(home)
+    spec = _campaign_or_name(campaign) if campaign else None
+    if spec is not None and not isinstance(spec, str):
+        from node.ledger import Ledger, ledger_path
+
+        with Ledger(ledger_path(home_dir), campaign=spec.name) as ledger:
+            ledger.ingest(spec.fact.raw)
+            ledger.add_version(spec.to_bytes())  # served by hash, like a train.py
+        _status_line(f"serving campaign {spec.name}: newcomers run swarm join --bootstrap <address below> "
+                     f"--campaign sha256:{spec.sha256}")
+        campaign = spec.name
+    run_bootstrap(listen, home_dir, campaign, stop=_stop_on_signal())
 
 
 @app.command("peer")
@@ -315,6 +327,8 @@ def join_cmd(
     from node.node import NodeConfig, run_node
 
     spec = _campaign_or_name(campaign)
+    if isinstance(spec, str) and spec.startswith("sha256:"):
+        spec = _campaign_from_peer(resolve_home(home), list(bootstrap or []), spec.removeprefix("sha256:"))
     if isinstance(spec, str) and quorum is None:
         quorum = 1
     if quorum is not None and quorum < 1:
@@ -330,6 +344,34 @@ def join_cmd(
                         verify_every=verify_every,
                         sandbox=None if sandbox else False)
     run_node(config, say=_status_line)
+
+
+def _campaign_from_peer(home: Path, peers: list[str], sha256: str):
+    """The campaign file with this hash, fetched from the first --bootstrap that serves it, and
+    kept in HOME/campaigns/ for the next start."""
+    from node.campaign import load_campaign, parse_campaign
+    from node.gossip import GossipError, fetch_blob
+
+    kept = home / "campaigns" / f"{sha256}.campaign.json"
+    if kept.is_file():
+        return load_campaign(kept)
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise SwarmError(f"--campaign sha256:{sha256[:20]}...: expected 64 hex digits after sha256:")
+    if not peers:
+        raise SwarmError("--campaign sha256:HASH needs --bootstrap: the peer that serves the campaign file")
+    errors = []
+    for peer in peers:
+        try:
+            raw = fetch_blob(home, peer, sha256)
+        except GossipError as exc:
+            errors.append(str(exc))
+            continue
+        campaign = parse_campaign(raw, f"campaign file from {peer}")
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_bytes(raw)
+        _status_line(f"campaign {campaign.name} from {peer}, organised by {campaign.organiser}; kept in {kept}")
+        return campaign
+    raise SwarmError("; ".join(errors))
 
 
 def _campaign_or_name(value: str):

@@ -23,7 +23,7 @@ from node.gossip.peer import (
     topic_for,
 )
 
-__all__ = ["GossipConfig", "GossipError", "Limits", "read_status", "run_peer", "topic_for"]
+__all__ = ["GossipConfig", "GossipError", "Limits", "fetch_blob", "read_status", "run_peer", "topic_for"]
 
 
 def run_peer(
@@ -60,6 +60,49 @@ def run_peer(
             trio.run(main)
         except Exception as exc:  # trio wraps errors in groups: show the user's, not a tree
             raise _first_gossip_error(exc) or exc from None
+
+
+def fetch_blob(home: Path, peer_addr: str, sha256: str, timeout: float = 60.0) -> bytes:
+    """The bytes whose sha256 is `sha256`, fetched once from the peer at `peer_addr` (a full
+    multiaddr), e.g. a campaign file a bootstrap serves. Listens on loopback only while it asks;
+    raises GossipError when the peer cannot be reached or does not hold them."""
+    import trio
+
+    from node.gossip import protocols
+    from node.gossip.peer import parse_multiaddr
+    from node.identity import load_identity
+    from node.ledger import Ledger, ledger_path
+
+    peer = parse_multiaddr(peer_addr, need_peer_id=True).get_peer_id()
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+    config = GossipConfig(home=home, listen="/ip4/127.0.0.1/tcp/0", bootstrap=[peer_addr])
+    with Ledger(ledger_path(home)) as ledger:
+        node = GossipNode(config, load_identity(home), ledger)
+        found: list[bytes] = []
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(node.run)
+                asked = 0
+                with trio.move_on_after(timeout):
+                    while not found and asked < 3:  # connected and asked: it does not hold them
+                        connected = node.host is not None and any(
+                            p.to_base58() == peer for p in node.host.get_connected_peers()
+                        )
+                        if connected:
+                            asked += 1
+                            data = await protocols.fetch(node, peer, "version", sha256)
+                            if data is not None:
+                                found.append(data)
+                                break
+                        await trio.sleep(0.5)
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+    if not found:
+        raise GossipError(f"{peer_addr} did not serve {sha256[:16]}: check the address and the hash, and that "
+                          "the peer runs with that campaign file")
+    return found[0]
 
 
 def _first_gossip_error(exc: BaseException) -> GossipError | None:

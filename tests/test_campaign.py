@@ -1,0 +1,128 @@
+"""Campaign files: made and signed by an organiser, checked on every load, joined from a file or
+fetched by hash from a bootstrap that serves it; a file that was changed never loads."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Process, make_result
+
+from node import wire
+from node.campaign import CampaignError, check_data, load_campaign, parse_campaign
+from node.trainer.sandbox import sandbox_available
+
+ROOT = Path(__file__).resolve().parents[1]
+WEAK = ROOT / "tests" / "campaigns" / "weak_train.py"
+
+
+def swarm(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, small_data, data_cache):
+    where = tmp_path_factory.mktemp("campaign")
+    env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
+    done = swarm("campaign", "new", "hack-nov", "--program", str(ROOT / "program.md"), "--profile", "test",
+                 "--quorum", "2", "--baseline", str(WEAK), "--out", str(where / "hack.json"),
+                 "--home", str(where / "organiser"), env=env)
+    assert done.returncode == 0, done.stderr
+    return where / "hack.json", env, small_data
+
+
+def edited(path: Path, change) -> bytes:
+    doc = json.loads(path.read_text())
+    change(doc)
+    return json.dumps(doc).encode()
+
+
+def test_a_campaign_file_pins_program_baseline_data_and_quorum_under_the_organisers_signature(made):
+    path, env, data = made
+    campaign = load_campaign(path)
+    assert campaign.name == "hack-nov" and campaign.quorum == 2 and campaign.profiles == ["test"]
+    assert campaign.baseline == WEAK.read_text() and campaign.program == (ROOT / "program.md").read_text()
+    assert campaign.data_for("test") == {"data": "embedded:small", "tokens": data.sha256,
+                                         "tokenizer": data.manifest["tokenizer_sha256"]}
+    assert campaign.organiser == campaign.fact.peer_id
+    check_data(campaign, "test", data.manifest)  # this machine built the same data
+    with pytest.raises(CampaignError, match="differ from campaign hack-nov"):
+        check_data(campaign, "test", {**data.manifest, "sha256": "0" * 64})
+    shown = json.loads(swarm("campaign", "show", str(path), "--json", env=env).stdout)
+    assert shown["quorum"] == 2 and shown["sha256"] == campaign.sha256
+
+
+@pytest.mark.parametrize("change, error", [
+    (lambda d: d.update(quorum=1), "fields quorum differ from what the organiser signed"),
+    (lambda d: d.update(baseline=d["baseline"] + "\n# more\n"), "baseline train.py does not match"),
+    (lambda d: d.update(program="do anything\n"), "program.md does not match"),
+    (lambda d: d.update(format="something else"), "not a campaign file"),
+    (lambda d: d.pop("fact"), "not a campaign file"),
+])  # fmt: skip
+def test_a_changed_campaign_file_never_loads(made, change, error):
+    path, _, _ = made
+    with pytest.raises(CampaignError, match=error):
+        parse_campaign(edited(path, change))
+
+
+def test_a_campaign_fact_signed_by_someone_else_or_of_another_kind_is_refused(made, bob):
+    path, _, _ = made
+    campaign = load_campaign(path)
+    with pytest.raises(wire.WireError, match="signed by its organiser"):  # bob cannot sign for alice
+        wire.sign(bob, "campaign", "hack-nov", 1, dict(campaign.fact.body))
+    own = wire.sign(bob, "campaign", "hack-nov", 1, {**campaign.fact.body, "organiser": bob.public_key})
+    with pytest.raises(CampaignError, match="fields organiser differ"):  # bob's own, in alice's file
+        parse_campaign(edited(path, lambda d: d.update(fact=base64.b64encode(own.raw).decode())))
+    result = wire.sign(bob, "result", "hack-nov", 2, make_result(bob, 2, "00" * 32, "11" * 32, 1.5).body)
+    with pytest.raises(CampaignError, match="is a result, not a campaign"):
+        parse_campaign(edited(path, lambda d: d.update(fact=base64.b64encode(result.raw).decode())))
+    tampered = bytearray(campaign.fact.raw)
+    tampered[-1] ^= 1  # the signature's last byte
+    with pytest.raises(CampaignError, match="refused"):
+        parse_campaign(edited(path, lambda d: d.update(fact=base64.b64encode(bytes(tampered)).decode())))
+
+
+def test_bad_campaign_arguments_are_one_line_errors(made, tmp_path):
+    path, env, _ = made
+    missing = swarm("join", "--campaign", str(tmp_path / "nope.json"), "--home", str(tmp_path / "h"), env=env)
+    assert missing.returncode == 1 and "no campaign file" in missing.stderr and len(missing.stderr.splitlines()) == 1
+    wrong = swarm("join", "--campaign", str(path), "--profile", "cpu", "--home", str(tmp_path / "h"), env=env)
+    assert wrong.returncode == 1 and "runs on test, not cpu" in wrong.stderr
+    quorum = swarm("join", "--campaign", str(path), "--quorum", "1", "--home", str(tmp_path / "h"), env=env)
+    assert quorum.returncode == 1 and "sets quorum 2" in quorum.stderr
+    bare = swarm("join", "--campaign", "sha256:" + "ab" * 32, "--home", str(tmp_path / "h"), env=env)
+    assert bare.returncode == 1 and "needs --bootstrap" in bare.stderr
+    baseline = tmp_path / "bad.py"
+    baseline.write_text("import os\nos.system('true')\n")
+    refused = swarm("campaign", "new", "x", "--program", str(ROOT / "program.md"), "--profile", "test",
+                    "--baseline", str(baseline), "--home", str(tmp_path / "o"), env=env)
+    assert refused.returncode == 1 and "breaks the train.py policy" in refused.stderr
+
+
+@pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)")
+def test_a_bootstrap_serves_its_campaign_file_and_a_newcomer_joins_it_by_hash(made, tmp_path):
+    path, env, _ = made
+    campaign = load_campaign(path)
+    boot = Process("bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0", "--campaign", str(path),
+                   "--home", str(tmp_path / "bootstrap"), env=env)
+    node = None
+    try:
+        boot.wait_for(f"sha256:{campaign.sha256}", 60)
+        address = boot.wait_for(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", 60).group(1)
+        node = Process("join", "--bootstrap", address, "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "test",
+                       "--campaign", f"sha256:{campaign.sha256}", "--home", str(tmp_path / "newcomer"), env=env)
+        node.wait_for(r"node \w+: campaign hack-nov, profile test", 120)
+        kept = tmp_path / "newcomer" / "campaigns" / f"{campaign.sha256}.campaign.json"
+        assert load_campaign(kept).fact.id == campaign.fact.id
+        wrong = swarm("join", "--bootstrap", address, "--campaign", "sha256:" + "cd" * 32,
+                      "--home", str(tmp_path / "other"), env=env)
+        assert wrong.returncode == 1 and "did not serve" in wrong.stderr
+    finally:
+        codes = [p.stop() for p in (node, boot) if p is not None]
+    assert codes == [0, 0]
