@@ -119,11 +119,18 @@ def run(
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task(f"{prof.name}: starting", total=1.0, info="")
 
+        plain, last = not err_console.is_terminal, [0.0]  # piped or logged: a line every 10 s
+
         def show(event: dict) -> None:
             name = event["event"]
+            if plain and name == "eval_start":
+                _status_line(f"{prof.name}: scoring")
             if name == "progress":
                 info = f"step {event['steps']}  {event['tokens'] / 1e6:.2f} M tokens"
                 bar.update(task, description=f"{prof.name}: training", completed=event["progress"], info=info)
+                if plain and time.monotonic() - last[0] >= 10:
+                    last[0] = time.monotonic()
+                    _status_line(f"{prof.name}: training {event['progress']:.0%}, {info}")
             elif name == "train_start":
                 bar.update(task, description=f"{prof.name}: training", completed=0)
             elif name == "eval_start":
