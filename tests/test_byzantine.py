@@ -368,6 +368,110 @@ def test_byzantine_peers_lose_standing_and_adopt_nothing_while_honest_wins_are_a
     )  # fmt: skip
 
 
+def gossip_status(home: Path) -> dict:
+    try:
+        return json.loads((home / "gossip.json").read_text())
+    except (OSError, ValueError):  # being replaced: read it again
+        return {"silenced": [], "counts": {"dropped": -1}}
+
+
+def worker_status(home: Path) -> dict:
+    try:
+        return json.loads((home / "status" / "worker-0.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox")
+def test_a_joined_node_refutes_fakes_skips_the_silenced_faker_and_adopts_the_honest_win(
+    tmp_path: Path, processes: list, small_data, data_cache
+) -> None:
+    """`swarm join` on a campaign file (quorum 1, the weakened baseline), verifying at every step:
+    the node's own researcher judges the faker's claims and the honest win, silences the faker
+    after three failures, never runs its fourth claim, and adopts the win, never a fake."""
+    from conftest import Process
+
+    began, phases = time.monotonic(), []
+    env = {**os.environ, "SWARM_DATA": str(data_cache), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    (tmp_path / "weak.py").write_text(WEAK)
+    made = subprocess.run(
+        [sys.executable, "-m", "node.cli", "campaign", "new", CAMPAIGN, "--program",
+         str(ROOT / "program.md"), "--profile", "test", "--quorum", "1", "--baseline",
+         str(tmp_path / "weak.py"), "--out", str(tmp_path / "c.json"), "--home",
+         str(tmp_path / "organiser")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    ids = {name: load_identity(tmp_path / name) for name in ("boot", "faker")}
+    measured: list[float] = []  # the honest author measures its win while the nodes start
+    author = threading.Thread(
+        target=lambda: measured.append(honest_measurement(small_data, tmp_path / "author"))
+    )
+    author.start()
+    boot = Node(tmp_path / "boot", ["bootstrap", "--campaign", CAMPAIGN, "--listen", LOOPBACK])
+    processes.append(boot)
+    faker = Node(tmp_path / "faker", ["peer", "--campaign", CAMPAIGN, "--listen", LOOPBACK,
+                                      "--bootstrap", boot.addr])  # fmt: skip
+    processes.append(faker)
+    home = tmp_path / "joined"
+    me = load_identity(home)  # the key the node will use
+    joined = Process("join", "--campaign", str(tmp_path / "c.json"), "--profile", "test",
+                     "--verify-every", "1", "--bootstrap", boot.addr, "--listen", LOOPBACK,
+                     "--home", str(home), env=env)  # fmt: skip
+    try:
+        fakes = [name for name in FAKES if name != "worse still"]
+        fake_ids = {
+            name: publish(faker.home, ids["faker"], "result",
+                          result_body(FAKES[name], 0.50 + i / 100, f"faster: {name}"), FAKES[name])
+            for i, name in enumerate(fakes)
+        }  # fmt: skip
+        author.join()
+        assert measured, "the honest author's runs failed"
+        win_body = result_body(BASELINE, measured[0], "restore the learning rates")
+        win = publish(boot.home, ids["boot"], "result", win_body, BASELINE)
+        phases.append(f"win published {time.monotonic() - began:.0f} s")
+        seen: set[str] = set()  # every head and adoption the node reported
+        doing: set[str] = set()  # and everything it said it was doing
+
+        def judged() -> set[str]:
+            """The claims the node has judged; on the way, what it builds on and adopted."""
+            status = worker_status(home)
+            seen.update(v for v in (status.get("head"), status.get("adopted")) if v)
+            doing.add(status.get("doing") or "")
+            assert joined.proc.poll() is None, "".join(joined.lines)[-3000:]
+            sql = "SELECT result FROM verifications WHERE author = ?"
+            return {r[0] for r in rows(home, sql, (me.peer_id,))}
+
+        expected = {fake_ids[n] for n in ("worse", "crash", "policy")} | {win}
+        wait_until(lambda: expected <= judged(), "the joined node to judge 3 fakes and the win",
+                   timeout=300)  # fmt: skip
+        phases.append(f"judged {time.monotonic() - began:.0f} s")
+        wait_until(lambda: judged() and worker_status(home).get("adopted") == sha(BASELINE),
+                   "the joined node to adopt the honest win", timeout=120)  # fmt: skip
+        wait_until(lambda: ids["faker"].peer_id in gossip_status(home)["silenced"],
+                   "the joined node's gossip layer to silence the faker")  # fmt: skip
+        status = gossip_status(home)
+        # The next step would verify the fourth fake if its author still had standing.
+        steps = worker_status(home)["steps"]
+        wait_until(lambda: judged() and worker_status(home)["steps"] > steps
+                   and worker_status(home)["doing"].startswith("research"),
+                   "the joined node's next step to research", timeout=180)  # fmt: skip
+        phases.append(f"researching {time.monotonic() - began:.0f} s")
+        assert fake_ids["worse again"] not in judged()  # skipped: its author lost standing
+        assert not any(fake_ids["worse again"][:12] in text for text in doing)
+        assert sha(WEAK) in seen and not seen & {sha(FAKES[n]) for n in FAKES}  # a fake: never
+        before = status["counts"]["dropped"]
+        later = publish(
+            faker.home, ids["faker"], "result", result_body(FAKES["worse"], 0.2, "later")
+        )
+        wait_until(lambda: gossip_status(home)["counts"]["dropped"] > before,
+                   "the joined node to drop the faker's later claim")  # fmt: skip
+        assert not rows(home, "SELECT 1 FROM facts WHERE id = ?", (later,))
+        print(f"\njoined node: {', '.join(phases)}; {time.monotonic() - began:.0f} s in all")
+    finally:
+        joined.stop()
+
+
 # ---------------------------------------------------------------- the raw hostile peer
 
 
