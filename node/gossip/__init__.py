@@ -23,7 +23,15 @@ from node.gossip.peer import (
     topic_for,
 )
 
-__all__ = ["GossipConfig", "GossipError", "Limits", "fetch_blob", "read_status", "run_peer", "topic_for"]
+__all__ = [
+    "GossipConfig",
+    "GossipError",
+    "Limits",
+    "fetch_blob",
+    "read_status",
+    "run_peer",
+    "topic_for",
+]
 
 
 def run_peer(
@@ -100,8 +108,10 @@ def fetch_blob(home: Path, peer_addr: str, sha256: str, timeout: float = 60.0) -
 
         trio.run(main)
     if not found:
-        raise GossipError(f"{peer_addr} did not serve {sha256[:16]}: check the address and the hash, and that "
-                          "the peer runs with that campaign file")
+        raise GossipError(
+            f"{peer_addr} did not serve {sha256[:16]}: check the address and the hash, and that "
+            "the peer runs with that campaign file"
+        )
     return found[0]
 
 
