@@ -418,6 +418,9 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     if network:
         console.print(f"network: {len(network['connected'])} peers connected, {network['facts']} facts held "
                       f"({network['peer_id']})")
+        for s in network.get("standing", []):  # why a peer's facts are dropped: `swarm peers` has the rest
+            if s["status"] == "silenced":
+                console.print(f"silenced {s['peer']}: {'; '.join(s['reasons'])}", highlight=False)
     ledger = status["ledger"]
     if ledger:
         console.print(f"ledger: {ledger.get('path')}: " + ", ".join(

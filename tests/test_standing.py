@@ -191,3 +191,8 @@ def test_the_gossip_layer_drops_facts_of_a_peer_that_lost_standing(tmp_path, ali
     line = next(row for row in shown.stdout.splitlines() if alice.peer_id[-12:] in row)
     assert "silenced" in line and "3 of its 3 settled claims failed" in line
     assert "flood 3" in next(row for row in shown.stdout.splitlines() if bob.peer_id[-12:] in row)
+    status = subprocess.run(
+        [sys.executable, "-m", "node.cli", "status", "--home", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "250"},
+    )  # fmt: skip
+    assert f"silenced {alice.peer_id}: 3 of its 3 settled claims failed" in status.stdout, status
