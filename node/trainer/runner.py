@@ -207,27 +207,45 @@ def run_experiment(
     if violations:
         return _finish(_refused(violations, base), run_dir, on_event)
     run = _Run(profile, use_sandbox, run_dir / "log.txt", gpu, on_event, cancel, time.monotonic())
+    scoring = _Scoring(run, data, seed, rows, batch_size)
+
+    # The scorer starts early so that its start-up overlaps other work: on a GPU while training
+    # runs (its imports use CPU cores the training leaves idle), on a CPU once training is over.
+    prestart = "train_start" if profile.device == "cuda" else "eval_start"
+
+    def relay(event: Event) -> None:
+        if event["event"] == prestart:
+            scoring.start()
+        on_event(event)
+
     uid = sandbox_uid() if use_sandbox else None
     try:
         if uid is not None:
             os.chown(run_dir, uid, uid)
         cmd = [sys.executable, "-P", "-m", "node.trainer.harness", str(run_dir / "config.json")]
-        seen = run.process(
-            cmd,
-            TRAINING_EVENTS,
-            "startup",
-            [PACKAGE, data.train_path],
-            {"HOME": str(run_dir)},
-            uid,
-            run_dir=run_dir,
+        training = run.start(
+            cmd, [PACKAGE, data.train_path], {"HOME": str(run_dir)}, uid, run_dir=run_dir
         )
+        seen = run.follow(training, TRAINING_EVENTS, "startup", run.started, relay)
+        if uid is not None:
+            _give_back(run_dir)
+            uid = None
+        if seen.get("exported") and seen.get("returncode") == 0 and "error" not in seen:
+            seen["score"] = scoring.score(run_dir)
     finally:
         if uid is not None:
             _give_back(run_dir)
-    if seen.get("exported") and seen.get("returncode") == 0 and "error" not in seen:
-        seen["score"] = _score(run, run_dir, data, seed, rows, batch_size)
+        scoring.close()
     seen["total_seconds"] = time.monotonic() - run.started
     return _finish(_result(seen, base, profile, run.log_path), run_dir, on_event)
+
+
+@dataclass
+class _Process:
+    proc: subprocess.Popen
+    status_fd: int
+    uid: int | None
+    began: float
 
 
 @dataclass
@@ -242,19 +260,18 @@ class _Run:
     cancel: threading.Event | None
     started: float
 
-    def process(
+    def start(
         self,
         cmd: list[str],
-        accepted: frozenset,
-        phase: str,
         read_only: list[Path],
         env_extra: dict,
         uid: int | None,
         run_dir: Path | None = None,
         cwd: Path | None = None,
         fds: tuple = (),
-    ) -> dict:
-        """Start `cmd` (sandboxed when the run is), follow its status pipe until it ends, reap it."""
+        stdin: int = subprocess.DEVNULL,
+    ) -> _Process:
+        """Start `cmd` (sandboxed when the run is) with a status pipe of its own."""
         read_fd, write_fd = os.pipe()
         env = clean_environment(
             {
@@ -273,84 +290,139 @@ class _Run:
         if self.sandbox:
             cmd = bwrap_command(cmd, run_dir, read_only, self.profile.device, uid)
         tasks = task_limit(uid) if self.sandbox else None
-        began = time.monotonic()
-        with self.log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=cwd or run_dir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                pass_fds=(write_fd, *fds),
-                env=env,
-                start_new_session=True,
-                preexec_fn=functools.partial(limit_resources, self.profile.device, tasks),
-            )
-        os.close(write_fd)
+        try:
+            with self.log_path.open("ab") as log:
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=cwd or run_dir,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=stdin,
+                    pass_fds=(write_fd, *fds),
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=functools.partial(limit_resources, self.profile.device, tasks),
+                )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        return _Process(proc, read_fd, uid, time.monotonic())
+
+    def follow(
+        self,
+        process: _Process,
+        accepted: frozenset,
+        phase: str,
+        started: float,
+        on_event: OnEvent | None = None,
+    ) -> dict:
+        """Follow a started process's status pipe until it ends; reap it and all it started."""
         try:
             return _watch(
-                proc,
-                read_fd,
+                process.proc,
+                process.status_fd,
                 self.profile,
                 phase,
-                self.started if phase == "startup" else began,
+                started,
                 accepted,
-                self.on_event,
+                on_event or self.on_event,
                 self.cancel,
             )
         finally:
-            os.close(read_fd)
-            _kill_group(proc)
-            if uid is not None:
-                end_processes_of(uid)
+            self.stop(process)
+
+    @staticmethod
+    def stop(process: _Process) -> None:
+        if process.status_fd >= 0:
+            os.close(process.status_fd)
+            process.status_fd = -1
+        _kill_group(process.proc)
+        if process.uid is not None:
+            end_processes_of(process.uid)
 
 
-def _score(
-    run: _Run, run_dir: Path, data: TokenData, seed: int, rows: int, batch_size: int
-) -> dict:
-    """Score the exported model in a sandbox of its own; the validation tokens arrive in memory."""
-    profile = run.profile
-    with tempfile.TemporaryDirectory(prefix="swarm-score-") as folder:
-        model = Path(folder) / MODEL_FILE
-        try:
-            _copy_regular_file(run_dir / MODEL_FILE, model, MAX_MODEL_BYTES)
-        except OSError as exc:
-            return {"error": f"no score: the exported model cannot be read: {exc.strerror or exc}"}
-        tokens = np.memmap(data.val_path, dtype=np.uint16, mode="r")[: rows * profile.seq_len + 1]
-        token_bytes = np.load(data.token_bytes_path).astype(np.int32)
-        fds = (
-            _memory_file("val-tokens", tokens.tobytes()),
+class _Scoring:
+    """The scorer of one run: started while the model is exported, told to go once it is copied.
+
+    It gets a folder of its own (read-only inside its sandbox) where the runner puts a copy of the
+    model file, and the validation tokens in anonymous memory files.
+    """
+
+    def __init__(self, run: _Run, data: TokenData, seed: int, rows: int, batch_size: int) -> None:
+        self.run, self.data, self.process = run, data, None
+        self.folder = Path(tempfile.mkdtemp(prefix="swarm-score-"))
+        self.folder.chmod(0o755)
+        self.go_fd = -1
+        self.fds: tuple = ()
+        self.config = {
+            "model": str(self.folder / MODEL_FILE),
+            "device": run.profile.device,
+            "threads": run.profile.threads,
+            "seed": seed,
+            "seq_len": run.profile.seq_len,
+            "rows": rows,
+            "batch_size": batch_size,
+            "gpu_memory_fraction": run.profile.gpu_memory_fraction,
+        }
+
+    def start(self) -> None:
+        if self.process is not None:
+            return
+        profile = self.run.profile
+        tokens = np.memmap(self.data.val_path, dtype=np.uint16, mode="r")
+        token_bytes = np.load(self.data.token_bytes_path).astype(np.int32)
+        self.fds = (
+            _memory_file(
+                "val-tokens", tokens[: self.config["rows"] * profile.seq_len + 1].tobytes()
+            ),
             _memory_file("token-bytes", token_bytes.tobytes()),
         )
         config = {
-            "model": str(model),
-            "device": profile.device,
-            "threads": profile.threads,
-            "seed": seed,
-            "seq_len": profile.seq_len,
-            "rows": rows,
-            "batch_size": batch_size,
+            **self.config,
             "vocab_size": len(token_bytes),
-            "gpu_memory_fraction": profile.gpu_memory_fraction,
-            "tokens_fd": fds[0],
-            "token_bytes_fd": fds[1],
+            "tokens_fd": self.fds[0],
+            "token_bytes_fd": self.fds[1],
         }
         cmd = [sys.executable, "-P", "-m", "node.trainer.scorer", json.dumps(config)]
-        uid = sandbox_uid() if run.sandbox else None
+        go_read, self.go_fd = os.pipe()
         try:
-            return run.process(
+            self.process = self.run.start(
                 cmd,
-                SCORER_EVENTS,
-                "score",
-                [PACKAGE, model],
+                [PACKAGE, self.folder],
                 {"HOME": "/tmp"},
-                uid,
-                cwd=Path(folder),
-                fds=fds,
+                sandbox_uid() if self.run.sandbox else None,
+                cwd=self.folder,
+                fds=self.fds,
+                stdin=go_read,
             )
         finally:
-            for fd in fds:
+            os.close(go_read)
+
+    def score(self, run_dir: Path) -> dict:
+        """Copy the exported model in, let the scorer go, and follow it to its result."""
+        self.start()
+        try:
+            _copy_regular_file(run_dir / MODEL_FILE, self.folder / MODEL_FILE, MAX_MODEL_BYTES)
+        except OSError as exc:
+            return {"error": f"no score: the exported model cannot be read: {exc.strerror or exc}"}
+        try:
+            os.write(self.go_fd, b"go\n")
+        except BrokenPipeError:
+            pass  # the scorer has died already: following it says how
+        process, self.process = self.process, None
+        return self.run.follow(process, SCORER_EVENTS, "score", time.monotonic())
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.run.stop(self.process)
+            self.process = None
+        for fd in (*self.fds, self.go_fd):
+            if fd >= 0:
                 os.close(fd)
+        self.fds, self.go_fd = (), -1
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _memory_file(name: str, payload: bytes) -> int:

@@ -9,6 +9,7 @@ It must never import `train.py` or anything `train.py` could have written, but t
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import operator
@@ -268,7 +269,6 @@ def main(config_json: str) -> int:
     def emit(event: str, **fields) -> None:
         os.write(status, (json.dumps({"event": event, **fields}) + "\n").encode())
 
-    started = time.perf_counter()
     device = torch.device(config["device"])
     if config["device"] == "cpu" and config["threads"]:
         torch.set_num_threads(config["threads"])
@@ -278,6 +278,14 @@ def main(config_json: str) -> int:
     tokens = _read_fd(config["tokens_fd"], rows * seq_len + 1, np.uint16)
     token_bytes = _read_fd(config["token_bytes_fd"], config["vocab_size"], np.int32)
     torch.manual_seed(config["seed"])
+    # Started while the training process exports its model: import what loading needs, then
+    # wait for the runner's word that the copy is in place (end of input: the run ended without).
+    for module in ("sympy", "torch._export.serde.serialize"):
+        importlib.import_module(module)
+
+    if sys.stdin.readline().strip() != "go":
+        return 4
+    started = time.perf_counter()
     try:
         model, params = load_model(config["model"], device)
         loaded = time.perf_counter()
