@@ -15,7 +15,7 @@ import torch
 
 from node.trainer import TrainerError, get_profile, prepare_data
 from node.trainer.corpus import _deb_data, chunks, clean, is_validation
-from node.trainer.harness import evaluate_bpb
+from node.trainer.scorer import evaluate_bpb
 from node.trainer.tokenizer import load_tokenizer, train_tokenizer
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. " * 20, "Ünïcödé wörds, naïve café ✓ 東京 " * 20,
@@ -44,19 +44,17 @@ def test_token_bytes_count_raw_bytes_so_split_characters_are_not_inflated(tmp_pa
     assert sizes[tok.bos_id] == 0
 
 
-def test_bpb_matches_a_hand_computed_example_with_multibyte_tokens_and_bos_excluded(tmp_path):
+def test_bpb_matches_a_hand_computed_example_with_multibyte_tokens_and_bos_excluded():
     # Vocabulary of 4: token 0 is 1 byte, token 1 is 2 bytes (e.g. "é"), token 2 is 3 bytes ("✓"), 3 is BOS.
     token_bytes = np.array([1, 2, 3, 0], dtype=np.int32)
-    np.save(tmp_path / "tb.npy", token_bytes)
     val = np.array([3, 0, 1, 2, 0, 3, 2, 1, 0], dtype=np.uint16)  # 8 targets after the first token
-    val.tofile(tmp_path / "val.bin")
 
     class Uniform(torch.nn.Module):  # every token equally likely: ln 4 nats per target
         def forward(self, idx):
             return torch.zeros(*idx.shape, 4)
 
-    score = evaluate_bpb(Uniform(), str(tmp_path / "val.bin"), str(tmp_path / "tb.npy"), seq_len=4,
-                         eval_tokens=8, device=torch.device("cpu"), batch_size=1)
+    score = evaluate_bpb(Uniform(), val, token_bytes, seq_len=4, rows=2, batch_size=1,
+                         device=torch.device("cpu"))
     targets = val[1:9]
     counted = [t for t in targets if token_bytes[t] > 0]  # the BOS target is left out of both sums
     expected = len(counted) * math.log(4) / (math.log(2) * sum(int(token_bytes[t]) for t in counted))
