@@ -16,7 +16,9 @@ from node.trainer import (
     run_experiment,
 )
 
-FAST = dataclasses.replace(get_profile("test"), budget_seconds=2, startup_seconds=20, grace_seconds=3, eval_seconds=20)
+FAST = dataclasses.replace(
+    get_profile("test"), budget_seconds=2, startup_seconds=20, grace_seconds=3, eval_seconds=20
+)
 
 PRELUDE = "from node.trainer.harness import session\nS = session()\n"
 
@@ -29,8 +31,14 @@ def run_source(tmp_path, source: str, profile=FAST, data=None, seed: int = 0):
 
 def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, small_data):
     events = []
-    result = run_experiment(BASELINE_TRAIN_PY, get_profile("test"), small_data, tmp_path / "run", seed=1,
-                            on_event=events.append)
+    result = run_experiment(
+        BASELINE_TRAIN_PY,
+        get_profile("test"),
+        small_data,
+        tmp_path / "run",
+        seed=1,
+        on_event=events.append,
+    )
     assert result.outcome == "ok", result.log_tail
     assert math.isfinite(result.val_bpb) and 1.0 < result.val_bpb < 8.0
     assert result.steps > 10 and result.tokens > 10_000
@@ -41,7 +49,14 @@ def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, s
     assert result.harness_sha256 == harness_sha256()
     assert result.profile == "test" and result.seed == 1 and len(result.train_py_sha256) == 64
     assert [e["event"] for e in events if e["event"] != "progress"] == [
-        "started", "train_start", "train_end", "eval_start", "exported", "result", "done"]
+        "started",
+        "train_start",
+        "train_end",
+        "eval_start",
+        "exported",
+        "result",
+        "done",
+    ]
     assert (tmp_path / "run" / "result.json").exists() and (tmp_path / "run" / "log.txt").exists()
 
 
@@ -55,17 +70,27 @@ def test_an_untrained_model_scores_worse_than_a_trained_one(tmp_path, small_data
 
 
 def test_a_crashing_train_py_ends_as_crash_with_its_log_tail(tmp_path, small_data):
-    result = run_source(tmp_path, PRELUDE + "print('about to fail')\nraise ValueError('boom in train.py')\n", data=small_data)
+    result = run_source(
+        tmp_path,
+        PRELUDE + "print('about to fail')\nraise ValueError('boom in train.py')\n",
+        data=small_data,
+    )
     assert result.outcome == "crash" and result.val_bpb is None
     assert "exited with code 1" in result.error
     assert "ValueError: boom in train.py" in result.log_tail and "about to fail" in result.log_tail
 
 
 def test_a_train_py_that_hangs_before_training_is_killed_at_the_startup_limit(tmp_path, small_data):
-    profile = dataclasses.replace(FAST, startup_seconds=8)  # importing torch takes 3 to 5 s on a busy machine
+    profile = dataclasses.replace(
+        FAST, startup_seconds=8
+    )  # importing torch takes 3 to 5 s on a busy machine
     began = time.monotonic()
-    result = run_source(tmp_path, PRELUDE + "print('waiting', flush=True)\nwhile True:\n    pass\n",
-                        profile=profile, data=small_data)
+    result = run_source(
+        tmp_path,
+        PRELUDE + "print('waiting', flush=True)\nwhile True:\n    pass\n",
+        profile=profile,
+        data=small_data,
+    )
     assert time.monotonic() - began < 25
     assert result.outcome == "crash" and "startup ran past its limit" in result.error
     assert "waiting" in result.log_tail
@@ -74,7 +99,8 @@ def test_a_train_py_that_hangs_before_training_is_killed_at_the_startup_limit(tm
 def test_a_train_py_that_ignores_the_budget_is_killed_at_budget_plus_grace(tmp_path, small_data):
     source = PRELUDE + (
         "import torch\nfor i, (x, y) in enumerate(S.batches(4)):\n"
-        "    if i == 5:\n        while True:\n            torch.randn(64, 64) @ torch.randn(64, 64)\n")
+        "    if i == 5:\n        while True:\n            torch.randn(64, 64) @ torch.randn(64, 64)\n"
+    )
     began = time.monotonic()
     result = run_source(tmp_path, source, data=small_data)
     elapsed = time.monotonic() - began
@@ -88,14 +114,18 @@ def test_a_model_that_diverges_to_nan_ends_as_crash(tmp_path, small_data):
         "    def __init__(self):\n        super().__init__()\n        self.w = torch.nn.Parameter(torch.zeros(1))\n"
         "    def forward(self, idx):\n"
         "        return torch.full((*idx.shape, S.vocab_size), float('nan')) * self.w\n"
-        "for x, y in S.batches(4):\n    pass\nS.finish(NaNModel())\n")
+        "for x, y in S.batches(4):\n    pass\nS.finish(NaNModel())\n"
+    )
     result = run_source(tmp_path, source, data=small_data)
     assert result.outcome == "crash" and "nan" in result.error.lower() and result.val_bpb is None
 
 
 def test_a_train_py_that_never_hands_over_its_model_gets_no_score(tmp_path, small_data):
-    result = run_source(tmp_path, PRELUDE + "for x, y in S.batches(4):\n    pass\nprint('val_bpb: 0.001')\n",
-                        data=small_data)
+    result = run_source(
+        tmp_path,
+        PRELUDE + "for x, y in S.batches(4):\n    pass\nprint('val_bpb: 0.001')\n",
+        data=small_data,
+    )
     assert result.outcome == "crash" and result.val_bpb is None
     assert "finish" in result.error + result.log_tail
 

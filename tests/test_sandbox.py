@@ -107,8 +107,20 @@ print(json.dumps(found))
 """
 
 
-@pytest.mark.skipif(not sandbox_available(), reason="bubblewrap is not installed (scripts/setup installs it as root)")
-def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(tmp_path, small_data, monkeypatch):
+def _accept_into(server: socket.socket, accepted: list) -> None:
+    try:
+        accepted.append(server.accept())
+    except OSError:
+        pass
+
+
+@pytest.mark.skipif(
+    not sandbox_available(),
+    reason="bubblewrap is not installed (scripts/setup installs it as root)",
+)
+def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(
+    tmp_path, small_data, monkeypatch
+):
     home, outside, work = tmp_path / "home", tmp_path / "outside", tmp_path / "run"
     for folder in (home, outside, work):
         folder.mkdir()
@@ -116,12 +128,32 @@ def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(tmp_path, s
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     server = socket.create_server(("127.0.0.1", 0))
     accepted = []
-    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    server.settimeout(
+        60
+    )  # closed at the end of the test: the thread then ends with an OSError it ignores
+    threading.Thread(target=_accept_into, args=(server, accepted), daemon=True).start()
     (work / "probe.py").write_text(PROBE)
-    cmd = bwrap_command([sys.executable, str(work / "probe.py"), str(home), str(outside), str(small_data.val_path),
-                         str(server.getsockname()[1])], work, [small_data.val_path], "cpu")
-    done = subprocess.run(cmd, env=clean_environment({"HOME": str(work)}), capture_output=True, text=True,
-                          timeout=60, preexec_fn=lambda: limit_resources("cpu"))
+    cmd = bwrap_command(
+        [
+            sys.executable,
+            str(work / "probe.py"),
+            str(home),
+            str(outside),
+            str(small_data.val_path),
+            str(server.getsockname()[1]),
+        ],
+        work,
+        [small_data.val_path],
+        "cpu",
+    )
+    done = subprocess.run(
+        cmd,
+        env=clean_environment({"HOME": str(work)}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: limit_resources("cpu"),
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     server.close()
@@ -134,19 +166,30 @@ def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(tmp_path, s
     assert os.environ["OPENAI_API_KEY"] == "sk-secret"
 
 
-@pytest.mark.skipif(not sandbox_available(), reason="bubblewrap is not installed (scripts/setup installs it as root)")
+@pytest.mark.skipif(
+    not sandbox_available(),
+    reason="bubblewrap is not installed (scripts/setup installs it as root)",
+)
 def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, small_data):
     profile = dataclasses.replace(get_profile("test"), budget_seconds=2)
-    inside = run_experiment(BASELINE_TRAIN_PY, profile, small_data, tmp_path / "in", seed=3, sandbox=True)
-    outside = run_experiment(BASELINE_TRAIN_PY, profile, small_data, tmp_path / "out", seed=3, sandbox=False)
+    inside = run_experiment(
+        BASELINE_TRAIN_PY, profile, small_data, tmp_path / "in", seed=3, sandbox=True
+    )
+    outside = run_experiment(
+        BASELINE_TRAIN_PY, profile, small_data, tmp_path / "out", seed=3, sandbox=False
+    )
     assert inside.outcome == outside.outcome == "ok"
     assert inside.sandboxed and not outside.sandboxed
-    assert abs(inside.val_bpb - outside.val_bpb) < 0.3  # same code and seed; only throughput differs
+    assert (
+        abs(inside.val_bpb - outside.val_bpb) < 0.3
+    )  # same code and seed; only throughput differs
 
 
 def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, small_data):
     peeking = BASELINE_TRAIN_PY.read_text().replace("is_causal=True", "is_causal=False")
-    assert peeking != BASELINE_TRAIN_PY.read_text() and check_source(peeking) == []  # it passes the policy
+    assert (
+        peeking != BASELINE_TRAIN_PY.read_text() and check_source(peeking) == []
+    )  # it passes the policy
     script = tmp_path / "train.py"
     script.write_text(peeking)
     profile = dataclasses.replace(get_profile("test"), budget_seconds=2)

@@ -33,14 +33,42 @@ class Profile:
 
 
 PROFILES = {
-    "gpu": Profile("gpu", "cuda", 300, "web:fineweb-edu", vocab_size=8192, seq_len=2048,
-                   eval_tokens=8 * 2**20, tokenizer_chars=400_000_000),
-    "cpu": Profile("cpu", "cpu", 120, "embedded:default", vocab_size=2048, seq_len=256,
-                   eval_tokens=2**16, tokenizer_chars=100_000_000, startup_seconds=180,
-                   eval_seconds=120),
-    "test": Profile("test", "cpu", 4, "embedded:small", vocab_size=512, seq_len=64,
-                    eval_tokens=2**13, tokenizer_chars=4_000_000, startup_seconds=60,
-                    grace_seconds=10, eval_seconds=30, threads=1),
+    "gpu": Profile(
+        "gpu",
+        "cuda",
+        300,
+        "web:fineweb-edu",
+        vocab_size=8192,
+        seq_len=2048,
+        eval_tokens=8 * 2**20,
+        tokenizer_chars=400_000_000,
+    ),
+    "cpu": Profile(
+        "cpu",
+        "cpu",
+        120,
+        "embedded:default",
+        vocab_size=2048,
+        seq_len=256,
+        eval_tokens=2**16,
+        tokenizer_chars=100_000_000,
+        startup_seconds=180,
+        eval_seconds=120,
+    ),
+    "test": Profile(
+        "test",
+        "cpu",
+        4,
+        "embedded:small",
+        vocab_size=512,
+        seq_len=64,
+        eval_tokens=2**13,
+        tokenizer_chars=4_000_000,
+        startup_seconds=60,
+        grace_seconds=10,
+        eval_seconds=30,
+        threads=1,
+    ),
 }
 
 
