@@ -8,7 +8,8 @@ process and written into their homes' ledgers (a node gossips what its ledger ho
 key). The campaign's quorum is 2. The hostile side: a faker whose kept claims are worse than
 their parent or crash or break the policy, a colluder (one confirmer, below the quorum) that
 confirms them, and a raw peer that forges, equivocates, signs facts from the future, replays
-honest facts and floods. `python tests/test_byzantine.py publish FILE ADDR...` is the raw peer.
+honest facts and floods. A second test puts a real `swarm join` node (a campaign file, quorum 1)
+in the verifier's seat. `python tests/test_byzantine.py publish FILE ADDR...` is the raw peer.
 """
 
 from __future__ import annotations
