@@ -120,6 +120,22 @@ def test_a_model_that_diverges_to_nan_ends_as_crash(tmp_path, small_data):
     assert result.outcome == "crash" and "nan" in result.error.lower() and result.val_bpb is None
 
 
+def test_a_model_that_cannot_be_exported_ends_as_crash_with_the_reason(tmp_path, small_data):
+    source = PRELUDE + (
+        "import torch\nclass Branchy(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.table = torch.nn.Embedding(S.vocab_size, S.vocab_size)\n"
+        "    def forward(self, idx):\n"
+        "        if idx.max().item() > 0:  # a branch on the data: no single graph holds it\n"
+        "            return self.table(idx)\n"
+        "        return self.table(idx) * 2\n"
+        "for x, y in S.batches(4):\n    pass\nS.finish(Branchy())\n"
+    )
+    result = run_source(tmp_path, source, data=small_data)
+    assert result.outcome == "crash" and result.val_bpb is None
+    assert result.error.startswith("the model cannot be exported for scoring: "), result.error
+
+
 def test_a_train_py_that_never_hands_over_its_model_gets_no_score(tmp_path, small_data):
     result = run_source(
         tmp_path,
