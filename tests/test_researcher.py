@@ -144,6 +144,7 @@ def test_every_nth_step_verifies_an_open_claim_of_a_peer(book, alice, bob, tmp_p
         gossip(bobs, book)
     worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=2)
     assert worker.step().outcome == "discard"  # step 1: research (softcap 30 is worse)
+    assert worker.status()["pending_verifications"] == 1  # bob's claim waits, `swarm status` shows it
     checked = worker.step()  # step 2: bob's claim is open
     assert isinstance(checked, Verified) and checked.verdict == "confirm"
     assert checked.parent_run is None  # alice's own baseline runs give the parent's score
@@ -312,3 +313,28 @@ def test_a_node_whose_own_chain_starts_from_the_new_head_keeps_building_on_its_c
     worker.step()
     assert worker.adopted == sha(NARROW)
     assert worker.head.source == BOTH  # its own better chain goes on; it did not fall back to NARROW
+
+
+def test_without_a_sandbox_a_node_runs_only_its_own_code_and_that_of_peers_it_trusts(
+    book, alice, bob, carol, tmp_path
+):
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
+        bob_worker = researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0)
+        assert bob_worker.step().outcome == "keep"
+        gossip(bobs, carols)
+        carol_worker = researcher(carols, carol, tmp_path / "carol", Scripted(), landscape, verify_every=1)
+        assert carol_worker.step().verdict == "confirm"  # bob's win, verified by carol
+        gossip(bobs, book)
+        gossip(carols, book)
+    assert best_head(book, "test", sha(BASELINE), 1, harness_sha256()) == sha(NARROW)
+    runs_before = len(landscape.runs)
+    wary = researcher(book, alice, tmp_path / "wary", Scripted(FOUR_STEPS), landscape, verify_every=1,
+                      trusted=lambda peer: False)  # fmt: skip
+    wary.step()
+    assert wary.adopted == sha(BASELINE)  # bob's verified win is bob's code: not run, not adopted
+    assert sha(NARROW) not in {sha(s) for s in landscape.runs[runs_before:]}
+    trusting = researcher(book, alice, tmp_path / "trusting", Scripted(), landscape, verify_every=0,
+                          trusted=lambda peer: peer == bob.peer_id)  # fmt: skip
+    trusting.start()
+    assert trusting.adopted == sha(NARROW) and trusting.head.sha256 == sha(NARROW)

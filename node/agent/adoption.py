@@ -16,14 +16,22 @@ from node.agent.patch import change_hash, check_source, merge
 from node.agent.proposers import Context, Proposal, Proposer
 from node.ledger import Ledger
 
+Trusted = Callable[[str], bool]  # may this node run code that this peer id made?
 
-def swarm_rows(ledger: Ledger, profile: str) -> tuple[list[dict], list[dict]]:
-    """(results, verifications) of `profile` from the ledger, as `consensus` reads them."""
+
+def swarm_rows(
+    ledger: Ledger, profile: str, trusted: Trusted | None = None
+) -> tuple[list[dict], list[dict]]:
+    """(results, verifications) of `profile` from the ledger, as `consensus` reads them. With
+    `trusted`, only the results of authors it accepts (a node without a sandbox runs no one
+    else's code); verifications run nothing, so all of them count."""
     results = ledger.rows(
         "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description "
         "FROM results WHERE profile = ?",
         (profile,),
     )
+    if trusted is not None:
+        results = [r for r in results if trusted(r["author"])]
     verifications = ledger.rows(
         "SELECT result, author, verdict, profile, harness FROM verifications WHERE profile = ?",
         (profile,),
@@ -32,10 +40,12 @@ def swarm_rows(ledger: Ledger, profile: str) -> tuple[list[dict], list[dict]]:
 
 
 def best_head(
-    ledger: Ledger, profile: str, baseline: str, quorum: int = 1, harness: str | None = None
-) -> str:
-    """The sha256 of the best verified train.py of `profile` that the ledger's facts give."""
-    results, verifications = swarm_rows(ledger, profile)
+    ledger: Ledger, profile: str, baseline: str, quorum: int = 1, harness: str | None = None,
+    trusted: Trusted | None = None,
+) -> str:  # fmt: skip
+    """The sha256 of the best verified train.py of `profile` that the ledger's facts give
+    (reached through `trusted` authors' results only, when given)."""
+    results, verifications = swarm_rows(ledger, profile, trusted)
     return consensus.best_head(results, verifications, profile, baseline, quorum, harness)
 
 
@@ -54,12 +64,13 @@ def _ancestors(results: list[Mapping[str, Any]], version: str) -> set[str]:
 
 
 def merge_proposals(
-    ledger: Ledger, head: str, profile: str, quorum: int = 1, harness: str | None = None
-) -> list[Proposal]:
+    ledger: Ledger, head: str, profile: str, quorum: int = 1, harness: str | None = None,
+    trusted: Trusted | None = None,
+) -> list[Proposal]:  # fmt: skip
     """Verified wins made on other parents than `head`, each merged three-way onto the head
     (its parent as the base), best claimed val_bpb first. Wins already in the head's lineage,
     conflicting merges, and merges that do not compile are left out."""
-    results, verifications = swarm_rows(ledger, profile)
+    results, verifications = swarm_rows(ledger, profile, trusted)
     return merges_onto(head, results, verifications, ledger.version, quorum, harness)
 
 

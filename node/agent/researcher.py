@@ -34,11 +34,15 @@ class Researcher:
         program: str = "", verify_every: int = 4, noise_runs: int = 2, seed: int = 0,
         check: Check | None = policy_check, publish: Callable[[wire.Fact], None] = lambda _: None,
         run: Callable[..., RunResult] = run_experiment, status_path: Path | None = None,
+        trusted: Callable[[str], bool] | None = None,
     ) -> None:  # fmt: skip
         self.ledger, self.me, self.profile, self.data = ledger, me, profile, data
         self.work_dir, self.quorum, self.program = Path(work_dir), quorum, program
         self.verify_every, self.noise_runs, self.seed = verify_every, noise_runs, seed
         self.check, self.publish, self.run, self.status_path = check, publish, run, status_path
+        # Whose code this node may run: everyone (None) in a sandbox; without one, only its own
+        # and that of the peers its user trusts by key.
+        self.trusted = None if trusted is None else (lambda peer: peer == me.peer_id or trusted(peer))
         self.proposer = adoption.QueuedProposer(proposer)
         self.baseline_source = baseline_source
         self.baseline = ledger.add_version(baseline_source.encode())
@@ -49,6 +53,7 @@ class Researcher:
         self.steps = 0
         self.doing = "starting"
         self.progress: float | None = None
+        self.pending: int | None = None  # open claims of other peers this node could verify
 
     # ------------------------------------------------------------ own measurements
 
@@ -118,7 +123,7 @@ class Researcher:
 
     def _adopt(self) -> None:
         best = adoption.best_head(
-            self.ledger, self.profile.name, self.baseline, self.quorum, self.harness
+            self.ledger, self.profile.name, self.baseline, self.quorum, self.harness, self.trusted
         )
         if best == self.adopted:
             return
@@ -139,7 +144,7 @@ class Researcher:
                 self._set(f"cannot adopt {best[:12]}: {exc}"[:200])
                 return
         merges = adoption.merge_proposals(
-            self.ledger, best, self.profile.name, self.quorum, self.harness
+            self.ledger, best, self.profile.name, self.quorum, self.harness, self.trusted
         )
         self.proposer.queue_for(self.head.source, merges)
 
@@ -170,6 +175,7 @@ class Researcher:
         assert self.head is not None and self.margin is not None
         self._adopt()
         self.steps += 1
+        self.pending = len(self._open_claims(limit=1000))
         if self.verify_every and self.steps % self.verify_every == 0:
             verified = self._verify_one()
             if verified is not None:
@@ -188,12 +194,23 @@ class Researcher:
             return self._verify_one() or step
         return step
 
-    def _verify_one(self) -> Verified | None:
+    def _open_claims(self, limit: int) -> list:
+        """Other peers' claims this node may verify now, the most promising first. Without a
+        sandbox, only trusted authors' claims on a parent it ran before (or the baseline)."""
         claims = ledger_claims_to_verify(
-            self.ledger, self.me.peer_id, self.profile.name, self.harness, self.quorum, limit=3,
-            baseline=self.baseline,
-        )
-        for claim in claims:
+            self.ledger, self.me.peer_id, self.profile.name, self.harness, self.quorum,
+            limit=limit if self.trusted is None else max(limit, 64), baseline=self.baseline,
+        )  # fmt: skip
+        if self.trusted is not None:
+            claims = [
+                c for c in claims
+                if self.trusted(c["author"])
+                and (c["parent"] == self.baseline or self.own_scores(c["parent"]))
+            ]  # fmt: skip
+        return claims[:limit]
+
+    def _verify_one(self) -> Verified | None:
+        for claim in self._open_claims(limit=3):
             parent_scores = self.own_scores(claim["parent"])
             self._set(f"verify {claim['id'][:12]} by {claim['author'][-6:]}")
             try:
@@ -220,6 +237,7 @@ class Researcher:
             "head": self.head.sha256 if self.head else None,
             "head_val_bpb": self.head.val_bpb if self.head else None,
             "adopted": self.adopted, "margin": self.margin, "steps": self.steps,
+            "pending_verifications": self.pending,
             "model_usage": vars(usage) if usage is not None else None,
         }  # fmt: skip
 
