@@ -223,7 +223,7 @@ def experiments(
 def leaderboard(
     home: HomeOption = None,
     db: DbOption = None,
-    quorum: Annotated[int, typer.Option(min=1, help="Confirmations needed from other peers.")] = 1,
+    quorum: Annotated[int | None, typer.Option(min=1, help="Confirmations needed from other peers (default: the campaign's, else 1).")] = None,
     limit: Annotated[int, typer.Option(help="Versions shown per profile.")] = 10,
     as_json: JsonOption = False,
 ) -> None:
@@ -233,6 +233,9 @@ def leaderboard(
     harness. Example: swarm ledger leaderboard --quorum 2
     """
     with _open(home, db) as ledger:
+        if quorum is None:
+            campaign = ledger.rows("SELECT quorum FROM campaigns ORDER BY time LIMIT 1")
+            quorum = campaign[0]["quorum"] if campaign else 1
         board = ledger.leaderboard(quorum, limit)
     if as_json:
         _print_json(board)

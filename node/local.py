@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -133,8 +134,8 @@ def snapshot(swarm: LocalSwarm) -> list[dict]:
             rows.append({"node": home.name, "doing": "starting"})
             continue
         worker = (status["workers"] or [{}])[0]
-        counts = status["ledger"].get("outcomes", {}) if status["ledger"] else {}
         network = status["network"] or {}
+        counts = _own_outcomes(home, network.get("peer_id"))
         rows.append({
             "node": home.name, "doing": worker.get("doing", "starting"),
             "progress": worker.get("progress"), "head": worker.get("head"),
@@ -143,6 +144,22 @@ def snapshot(swarm: LocalSwarm) -> list[dict]:
             "peers": len(network.get("connected", [])), "outcomes": counts,
         })  # fmt: skip
     return rows
+
+
+def _own_outcomes(home: Path, peer_id: str | None) -> dict[str, int]:
+    """How many of its own experiments this node kept, discarded and crashed."""
+    from node.ledger import Ledger, LedgerError, ledger_path
+
+    if peer_id is None or not ledger_path(home).is_file():
+        return {}
+    try:
+        with Ledger(ledger_path(home), readonly=True) as ledger:
+            rows = ledger.rows(
+                "SELECT outcome, COUNT(*) AS n FROM results WHERE author = ? GROUP BY outcome", (peer_id,)
+            )
+    except (LedgerError, OSError, sqlite3.Error):
+        return {}
+    return {r["outcome"]: r["n"] for r in rows}
 
 
 def run_local(

@@ -32,12 +32,10 @@ ETC_FILES = (
     "nsswitch.conf",
 )
 PASSED_ENV = ("LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
-SANDBOX_UID_BASE = (
-    1 << 30
-)  # a root node runs each sandbox as a fresh uid above this, one no account uses
-MAX_TASKS = 512 + 32 * (
-    os.cpu_count() or 1
-)  # processes and threads one run may have (compile workers too)
+# A root node runs each sandbox as a fresh uid above this, one no account uses.
+SANDBOX_UID_BASE = 1 << 30
+# Processes and threads one run may have (compile workers too).
+MAX_TASKS = 512 + 32 * (os.cpu_count() or 1)
 
 
 @functools.cache
