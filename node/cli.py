@@ -322,6 +322,7 @@ def join_cmd(
     data: DataOption = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds this node's proposals and runs.")] = 0,
     sandbox: Annotated[bool, typer.Option("--sandbox/--no-sandbox", help="--no-sandbox runs peers' train.py unconfined: only in a group you trust.")] = True,
+    trust: Annotated[list[str] | None, typer.Option("--trust", help="A peer id whose train.py this node runs when it has no sandbox (repeatable).")] = None,
     home: HomeOption = None,
 ) -> None:
     """Join the swarm and research until Ctrl-C: propose, run, verify peers' claims, adopt verified wins.
@@ -348,9 +349,20 @@ def join_cmd(
                         data=data, campaign=spec if isinstance(spec, str) else spec.name,
                         campaign_file=None if isinstance(spec, str) else spec, model=model, api_base=api_base,
                         max_cost_usd=max_cost, quorum=quorum or spec.quorum, gpus=gpus, seed=seed,
-                        verify_every=verify_every,
+                        verify_every=verify_every, trust=_peer_ids(trust or []),
                         sandbox=None if sandbox else False)
     run_node(config, say=_status_line)
+
+
+def _peer_ids(values: list[str]) -> list[str]:
+    from node.identity import IdentityError, public_key_from_peer_id
+
+    for value in values:
+        try:
+            public_key_from_peer_id(value)
+        except (IdentityError, ValueError):
+            raise SwarmError(f"--trust {value[:60]}: not a peer id (12D3KooW...); `swarm keys show` prints one") from None
+    return values
 
 
 def _campaign_from_peer(home: Path, peers: list[str], sha256: str):
@@ -412,6 +424,7 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
         table.add_row("head", f"{(worker.get('head') or '-')[:16]}  val_bpb {worker.get('head_val_bpb') or '-'}")
         table.add_row("noise margin", str(worker.get("margin")))
         table.add_row("steps", str(worker.get("steps")))
+        table.add_row("verifications pending", str(worker.get("pending_verifications", "-")))
         table.add_row("updated", f"{status['now'] - worker['updated']:.0f} s ago")
         console.print(table)
     network = status["network"]

@@ -52,7 +52,8 @@ class NodeConfig:
     noise_runs: int = 2
     gpus: str = "all"  # "all" or how many GPUs to use, one worker each
     seed: int = 0
-    sandbox: bool | None = None  # None: required; False only when the user says so
+    sandbox: bool | None = None  # None: whenever available; False only when the user says so
+    trust: list[str] = field(default_factory=list)  # peer ids whose code runs without a sandbox
 
 
 def worker_devices(profile_device: str, gpus: str) -> list[int | None]:
@@ -88,9 +89,11 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     pinned = campaign.data_for(config.profile).get("data") if campaign else None
     profile = get_profile(config.profile, config.data or pinned)
     require_device(profile)
-    if config.sandbox is not False and not sandbox_available():
-        raise NodeError("no sandbox (bubblewrap) on this machine, and a node runs its peers' train.py: install "
-                        "bubblewrap (apt-get install bubblewrap), or pass --no-sandbox only in a group you trust")
+    confined = config.sandbox is not False and sandbox_available()
+    if config.sandbox is not False and not confined:
+        say("no sandbox (bubblewrap) on this machine: this node runs only its own train.py versions and those "
+            f"of the {len(config.trust)} peer(s) you trust (--trust PEER_ID); install bubblewrap (apt-get install "
+            "bubblewrap) to verify everyone's, or pass --no-sandbox in a group you trust")
     devices = worker_devices(profile.device, config.gpus)
     tokens = prepare_data(profile, data_dir(home), say)
     if campaign is not None:
@@ -159,7 +162,11 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, s
                                spent_path=home / "llm-spend.json")
     else:
         proposer = OfflineProposer(seed=seed)
-    run = functools.partial(run_experiment, sandbox=config.sandbox is not False, cancel=stop, gpu=device)
+    from node.trainer.sandbox import sandbox_available
+
+    confined = config.sandbox is not False and sandbox_available()
+    trusted = None if confined or config.sandbox is False else set(config.trust).__contains__
+    run = functools.partial(run_experiment, sandbox=confined, cancel=stop, gpu=device)
     try:
         with Ledger(ledger_path(home), campaign=config.campaign) as ledger:
             researcher = Researcher(
@@ -167,7 +174,7 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, s
                 campaign.baseline if campaign else BASELINE_TRAIN_PY.read_text(), quorum=config.quorum,
                 program=campaign.program if campaign else _program_text(),
                 verify_every=config.verify_every, noise_runs=config.noise_runs, seed=seed, run=run,
-                status_path=home / STATUS_DIR / f"worker-{index}.json",
+                status_path=home / STATUS_DIR / f"worker-{index}.json", trusted=trusted,
             )
             refusals = 0
             while not stop.is_set():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import Process, wait_until
 
+from node.identity import Identity
 from node.trainer.sandbox import sandbox_available
 
 CAMPAIGN = "node-test"
@@ -78,3 +79,20 @@ def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, sma
         for process in (node, boot):
             if process is not None:
                 process.stop()
+
+
+def test_without_bubblewrap_a_node_says_so_and_runs_only_its_own_and_trusted_code(tmp_path, small_data, data_cache):
+    # A PATH without bubblewrap on it: what a laptop without the package looks like to the node.
+    env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200", "PATH": str(Path(sys.executable).parent)}
+    args = ["join", "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "test", "--campaign", CAMPAIGN]
+    bad = subprocess.run([sys.executable, "-m", "node.cli", *args, "--trust", "not-a-peer", "--home",
+                          str(tmp_path / "bad")], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "--trust not-a-peer: not a peer id" in bad.stderr
+    friend = Identity.generate().peer_id
+    node = Process(*args, "--trust", friend, "--home", str(tmp_path / "node"), env=env)
+    try:
+        node.wait_for(r"no sandbox \(bubblewrap\) on this machine: this node runs only its own train\.py "
+                      r"versions and those of the 1 peer\(s\) you trust", 60)
+        node.wait_for("listening on", 60)
+    finally:
+        assert node.stop() == 0
