@@ -192,22 +192,28 @@ def run_local(
     return summary(swarm, time.monotonic() - started, codes)
 
 
+def campaign_terms(campaign: str) -> tuple[int, str]:
+    """(quorum, baseline sha256) of a campaign file, or of a named campaign on the built-in
+    baseline (quorum 1, as `swarm join --campaign NAME` without --quorum)."""
+    if Path(campaign).is_file():
+        from node.campaign import load_campaign
+
+        loaded = load_campaign(campaign)
+        return loaded.quorum, loaded.baseline_sha256
+    import hashlib
+
+    from node.trainer import BASELINE_TRAIN_PY
+
+    return 1, hashlib.sha256(BASELINE_TRAIN_PY.read_bytes()).hexdigest()
+
+
 def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
     """What the swarm found, read from the first node's ledger (they all hold the same facts)."""
     from node.agent.adoption import best_head
     from node.ledger import Ledger, ledger_path
-    from node.trainer import BASELINE_TRAIN_PY, harness_sha256
+    from node.trainer import harness_sha256
 
-    quorum, baseline = 1, None
-    if Path(swarm.campaign).is_file():
-        from node.campaign import load_campaign
-
-        campaign = load_campaign(swarm.campaign)
-        quorum, baseline = campaign.quorum, campaign.baseline_sha256
-    else:
-        import hashlib
-
-        baseline = hashlib.sha256(BASELINE_TRAIN_PY.read_bytes()).hexdigest()
+    quorum, baseline = campaign_terms(swarm.campaign)
     nodes = []
     for home in swarm.node_homes():
         entry: dict = {"node": home.name, "home": str(home), "ledger": str(ledger_path(home))}

@@ -24,7 +24,8 @@ from pathlib import Path
 from node import consensus
 from node.agent.adoption import swarm_rows
 from node.ledger import Ledger, ledger_path
-from node.trainer import BASELINE_TRAIN_PY, harness_sha256
+from node.local import campaign_terms
+from node.trainer import harness_sha256
 
 
 def launch(root: Path, nodes: int, args: argparse.Namespace) -> subprocess.Popen:
@@ -82,16 +83,7 @@ def main() -> None:
         print(f"{(time.time() * 1000 - t0) / 60_000:5.1f} min", file=sys.stderr, flush=True)
     if swarm.returncode or alone.returncode:
         raise SystemExit(f"a local swarm failed: see {args.root}/*/bench.log")
-    quorum, baseline = 1, None
-    if args.campaign:
-        from node.campaign import load_campaign
-
-        campaign = load_campaign(args.campaign)
-        quorum, baseline = campaign.quorum, campaign.baseline_sha256
-    else:
-        import hashlib
-
-        baseline = hashlib.sha256(BASELINE_TRAIN_PY.read_bytes()).hexdigest()
+    quorum, baseline = campaign_terms(args.campaign or "local")
     out = {
         "profile": args.profile, "minutes": args.minutes, "nodes": args.nodes, "quorum": quorum,
         "swarm": timeline(args.root / "swarm" / "local" / "node0", args.profile, baseline, quorum, args.minutes, t0),

@@ -123,3 +123,9 @@ class Process:
                 self.proc.kill()
                 raise
         return self.proc.returncode
+
+
+def run_swarm(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    """A `swarm` command run to its end, its output captured."""
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip

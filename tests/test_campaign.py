@@ -6,12 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import Process, make_result
+from conftest import Process, make_result, run_swarm
 
 from node import wire
 from node.campaign import CampaignError, check_data, load_campaign, parse_campaign
@@ -21,16 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 WEAK = ROOT / "tests" / "campaigns" / "weak_train.py"
 
 
-def swarm(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, small_data, data_cache):
     where = tmp_path_factory.mktemp("campaign")
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
-    done = swarm("campaign", "new", "hack-nov", "--program", str(ROOT / "program.md"), "--profile", "test",
+    done = run_swarm("campaign", "new", "hack-nov", "--program", str(ROOT / "program.md"), "--profile", "test",
                  "--quorum", "2", "--baseline", str(WEAK), "--out", str(where / "hack.json"),
                  "--home", str(where / "organiser"), env=env)
     assert done.returncode == 0, done.stderr
@@ -54,7 +47,7 @@ def test_a_campaign_file_pins_program_baseline_data_and_quorum_under_the_organis
     check_data(campaign, "test", data.manifest)  # this machine built the same data
     with pytest.raises(CampaignError, match="differ from campaign hack-nov"):
         check_data(campaign, "test", {**data.manifest, "sha256": "0" * 64})
-    shown = json.loads(swarm("campaign", "show", str(path), "--json", env=env).stdout)
+    shown = json.loads(run_swarm("campaign", "show", str(path), "--json", env=env).stdout)
     assert shown["quorum"] == 2 and shown["sha256"] == campaign.sha256
 
 
@@ -90,17 +83,17 @@ def test_a_campaign_fact_signed_by_someone_else_or_of_another_kind_is_refused(ma
 
 def test_bad_campaign_arguments_are_one_line_errors(made, tmp_path):
     path, env, _ = made
-    missing = swarm("join", "--campaign", str(tmp_path / "nope.json"), "--home", str(tmp_path / "h"), env=env)
+    missing = run_swarm("join", "--campaign", str(tmp_path / "nope.json"), "--home", str(tmp_path / "h"), env=env)
     assert missing.returncode == 1 and "no campaign file" in missing.stderr and len(missing.stderr.splitlines()) == 1
-    wrong = swarm("join", "--campaign", str(path), "--profile", "cpu", "--home", str(tmp_path / "h"), env=env)
+    wrong = run_swarm("join", "--campaign", str(path), "--profile", "cpu", "--home", str(tmp_path / "h"), env=env)
     assert wrong.returncode == 1 and "runs on test, not cpu" in wrong.stderr
-    quorum = swarm("join", "--campaign", str(path), "--quorum", "1", "--home", str(tmp_path / "h"), env=env)
+    quorum = run_swarm("join", "--campaign", str(path), "--quorum", "1", "--home", str(tmp_path / "h"), env=env)
     assert quorum.returncode == 1 and "sets quorum 2" in quorum.stderr
-    bare = swarm("join", "--campaign", "sha256:" + "ab" * 32, "--home", str(tmp_path / "h"), env=env)
+    bare = run_swarm("join", "--campaign", "sha256:" + "ab" * 32, "--home", str(tmp_path / "h"), env=env)
     assert bare.returncode == 1 and "needs --bootstrap" in bare.stderr
     baseline = tmp_path / "bad.py"
     baseline.write_text("import os\nos.system('true')\n")
-    refused = swarm("campaign", "new", "x", "--program", str(ROOT / "program.md"), "--profile", "test",
+    refused = run_swarm("campaign", "new", "x", "--program", str(ROOT / "program.md"), "--profile", "test",
                     "--baseline", str(baseline), "--home", str(tmp_path / "o"), env=env)
     assert refused.returncode == 1 and "breaks the train.py policy" in refused.stderr
 
@@ -120,7 +113,7 @@ def test_a_bootstrap_serves_its_campaign_file_and_a_newcomer_joins_it_by_hash(ma
         node.wait_for(r"node \w+: campaign hack-nov, profile test", 120)
         kept = tmp_path / "newcomer" / "campaigns" / f"{campaign.sha256}.campaign.json"
         assert load_campaign(kept).fact.id == campaign.fact.id
-        wrong = swarm("join", "--bootstrap", address, "--campaign", "sha256:" + "cd" * 32,
+        wrong = run_swarm("join", "--bootstrap", address, "--campaign", "sha256:" + "cd" * 32,
                       "--home", str(tmp_path / "other"), env=env)
         assert wrong.returncode == 1 and "did not serve" in wrong.stderr
     finally:

@@ -177,27 +177,17 @@ def test_a_claim_confirmed_only_by_its_author_is_never_verified_nor_head(c, v, q
 def test_a_refuted_claim_never_becomes_head(c, v, quorum):
     results, verifications = swarm(c, v)
     head = best_head(results, verifications, "cpu", BASELINE, quorum)
-    refuters: dict[str, set[str]] = {}
     by_id = {r["id"]: r for r in results}
-    for x in verifications:
-        r = by_id.get(x["result"])
-        if (
-            r is not None
-            and x["verdict"] == "refute"
-            and x["author"] != r["author"]
-            and x["harness"] == r["harness"]
-        ):
-            refuters.setdefault(r["id"], set()).add(x["author"])
-    confirmers: dict[str, set[str]] = {}
-    for x in verifications:
-        r = by_id.get(x["result"])
-        if (
-            r is not None
-            and x["verdict"] == "confirm"
-            and x["author"] != r["author"]
-            and x["harness"] == r["harness"]
-        ):
-            confirmers.setdefault(r["id"], set()).add(x["author"])
+
+    def voters(verdict: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for x in verifications:
+            r = by_id.get(x["result"])
+            if r is not None and x["verdict"] == verdict and x["author"] != r["author"] and x["harness"] == r["harness"]:
+                out.setdefault(r["id"], set()).add(x["author"])
+        return out
+
+    refuters, confirmers = voters("refute"), voters("confirm")
     makers = [r for r in results if r["child"] == head and r["outcome"] == "keep"]
     if head != BASELINE:
         # The head is made by at least one claim confirmed by the quorum and by more peers than refute it.

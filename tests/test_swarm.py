@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import Process, wait_until
+from conftest import Process, run_swarm, wait_until
 
 from node import consensus
 from node.agent.adoption import best_head, swarm_rows
@@ -24,11 +22,6 @@ from node.trainer.sandbox import sandbox_available
 WEAK = Path(__file__).parent / "campaigns" / "weak_train.py"
 PROGRAM = Path(__file__).parents[1] / "program.md"
 QUORUM = 2
-
-
-def swarm(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def consensus_head(home: Path, baseline: str) -> str | None:
@@ -46,11 +39,11 @@ def consensus_head(home: Path, baseline: str) -> str | None:
 def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data, data_cache):
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
     campaign_file = tmp_path / "weak.campaign.json"
-    made = swarm("campaign", "new", "weak", "--program", str(PROGRAM), "--profile", "test",
+    made = run_swarm("campaign", "new", "weak", "--program", str(PROGRAM), "--profile", "test",
                  "--quorum", str(QUORUM), "--baseline", str(WEAK), "--out", str(campaign_file),
                  "--home", str(tmp_path / "organiser"), env=env)
     assert made.returncode == 0, made.stdout + made.stderr
-    shown = json.loads(swarm("campaign", "show", str(campaign_file), "--json", env=env).stdout)
+    shown = json.loads(run_swarm("campaign", "show", str(campaign_file), "--json", env=env).stdout)
     baseline = shown["baseline"]
     assert shown["quorum"] == QUORUM and shown["profiles"] == ["test"]
 

@@ -49,6 +49,21 @@ def best_head(
     return consensus.best_head(results, verifications, profile, baseline, quorum, harness)
 
 
+def descends_from(version: str, ancestor: str, kept_parent: Callable[[str], str | None]) -> bool:
+    """Whether `version` descends from `ancestor` through kept results; `kept_parent` gives the
+    parent of the first kept result that made a version (None: none did). Parent links may loop."""
+    seen = set()
+    while version not in seen:
+        if version == ancestor:
+            return True
+        seen.add(version)
+        parent = kept_parent(version)
+        if parent is None:
+            return False
+        version = parent
+    return False
+
+
 def _ancestors(results: list[Mapping[str, Any]], version: str) -> set[str]:
     """Every version some result made `version` from, transitively (parent links may loop)."""
     parents: dict[str, set[str]] = {}

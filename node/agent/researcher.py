@@ -150,20 +150,16 @@ class Researcher:
 
     def _builds_on(self, version: str, ancestor: str) -> bool:
         """Whether `version` descends from `ancestor` through kept results in the ledger."""
-        seen = set()
-        while version not in seen:
-            if version == ancestor:
-                return True
-            seen.add(version)
+
+        def kept_parent(child: str) -> str | None:
             rows = self.ledger.rows(
                 "SELECT parent FROM results WHERE child = ? AND profile = ? AND outcome = 'keep' "
                 "ORDER BY time LIMIT 1",
-                (version, self.profile.name),
+                (child, self.profile.name),
             )
-            if not rows:
-                return False
-            version = rows[0]["parent"]
-        return False
+            return rows[0]["parent"] if rows else None
+
+        return adoption.descends_from(version, ancestor, kept_parent)
 
     def step(self) -> Step | Verified:
         """One experiment: a verification of a peer's claim (every `verify_every`-th step, when

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from node import consensus, wire
+from node.agent import adoption
 from node.identity import Identity
 from node.simulation import landscape as land
 from node.simulation.views import PROFILE, SharedView
@@ -131,15 +132,7 @@ class SimNode:
 
     def _builds_on(self, version: str, ancestor: str) -> bool:
         """The Researcher's `_builds_on`: `version` descends from `ancestor` by kept results."""
-        seen = set()
-        while version not in seen:
-            if version == ancestor:
-                return True
-            seen.add(version)
-            if version not in self.sim.kept_parent_of:
-                return False
-            version = self.sim.kept_parent_of[version]
-        return False
+        return adoption.descends_from(version, ancestor, self.sim.kept_parent_of.get)
 
     def _research(self) -> Generator[float, None, None]:
         parent, child_x, what = self.head, None, "surrogate step"
