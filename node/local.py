@@ -61,9 +61,8 @@ class LocalSwarm:
         boot_home = self.root / "bootstrap"
         boot_log = boot_home / "bootstrap.log"
         boot_log.unlink(missing_ok=True)
-        campaign_name = _campaign_name(self.campaign)
         boot = self._spawn(["bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0", "--campaign",
-                            campaign_name, "--home", str(boot_home)], boot_log, env)  # fmt: skip
+                            self.campaign, "--home", str(boot_home)], boot_log, env)  # fmt: skip
         deadline = time.monotonic() + 120
         address = None
         while address is None:
@@ -112,14 +111,6 @@ class LocalSwarm:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         return [proc.returncode for proc in self.processes]
-
-
-def _campaign_name(campaign: str) -> str:
-    if Path(campaign).is_file():
-        from node.campaign import load_campaign
-
-        return load_campaign(campaign).name
-    return campaign
 
 
 def snapshot(swarm: LocalSwarm) -> list[dict]:
