@@ -99,7 +99,9 @@ def run(
 
     Example: swarm run --profile cpu --train-py my_train.py --seed 1
     """
+    from node.home import compiled_dir
     from node.trainer import BASELINE_TRAIN_PY, run_experiment
+    from node.trainer.compile_cache import CompileCache
 
     script = (train_py or BASELINE_TRAIN_PY).expanduser()
     if not script.is_file():
@@ -136,7 +138,9 @@ def run(
             elif name == "eval_start":
                 bar.update(task, description=f"{prof.name}: evaluating", completed=1.0, info="")
 
-        result = run_experiment(script, prof, tokens, run_dir, seed=seed, on_event=show, sandbox=sandbox)
+        # The node's compiled kernels are lent; only the node's own trusted runs add to them.
+        result = run_experiment(script, prof, tokens, run_dir, seed=seed, on_event=show, sandbox=sandbox,
+                                compile_cache=CompileCache(compiled_dir(home_dir)))
     if as_json:
         print(json.dumps(result.as_dict()))
     else:

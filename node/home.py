@@ -26,3 +26,8 @@ def data_dir(home: Path) -> Path:
     path = Path(raw).expanduser().resolve() if raw else home / "data"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def compiled_dir(home: Path) -> Path:
+    """The node's compiled kernels (`HOME/compiled`): written by its trusted runs, lent to all."""
+    return home / "compiled"

@@ -18,12 +18,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node import wire
 from node.campaign import Campaign, check_data
 from node.errors import SwarmError
-from node.home import data_dir
+from node.home import compiled_dir, data_dir
 from node.identity import load_identity
+
+if TYPE_CHECKING:
+    from node.trainer.compile_cache import CompileCache
 
 log = logging.getLogger(__name__)
 STATUS_DIR = "status"  # HOME/status/worker-N.json, written by each worker as it goes
@@ -78,6 +82,7 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     """Join the swarm and research until `stop` is set or Ctrl-C."""
     from node.gossip import GossipConfig, run_peer
     from node.trainer import get_profile, prepare_data, require_device
+    from node.trainer.compile_cache import CompileCache
     from node.trainer.sandbox import sandbox_available
 
     home = Path(config.home)
@@ -114,7 +119,9 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
             stop.set()
 
     threads = [threading.Thread(target=gossip, name="gossip", daemon=True)]
-    threads += [threading.Thread(target=_work, args=(config, profile, index, device, tokens, stop, failures),
+    compiled = CompileCache(compiled_dir(home))  # one store for all workers
+    threads += [threading.Thread(target=_work, args=(config, profile, index, device, tokens, compiled, stop,
+                                                     failures),
                                  name=f"worker-{index}", daemon=True)
                 for index, device in enumerate(devices)]
     def on_signal(signum: int, _frame) -> None:  # Ctrl-C or a service manager's stop
@@ -146,8 +153,8 @@ def _record_campaign(home: Path, campaign: Campaign) -> None:
                         " use a fresh --home for this campaign")
 
 
-def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, stop: threading.Event,
-          failures: list[BaseException]) -> None:
+def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, compiled: CompileCache,
+          stop: threading.Event, failures: list[BaseException]) -> None:
     """One research worker: its own ledger connection and proposer, step after step until stopped."""
     from node.agent import AgentError, LLMProposer, OfflineProposer
     from node.agent.researcher import Researcher
@@ -175,6 +182,7 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, s
                 program=campaign.program if campaign else _program_text(),
                 verify_every=config.verify_every, noise_runs=config.noise_runs, seed=seed, run=run,
                 status_path=home / STATUS_DIR / f"worker-{index}.json", trusted=trusted,
+                trust=config.trust, compile_cache=compiled,
             )
             refusals = 0
             while not stop.is_set():

@@ -338,3 +338,59 @@ def test_without_a_sandbox_a_node_runs_only_its_own_code_and_that_of_peers_it_tr
                           trusted=lambda peer: peer == bob.peer_id)  # fmt: skip
     trusting.start()
     assert trusting.adopted == sha(NARROW) and trusting.head.sha256 == sha(NARROW)
+
+
+class Recording(Landscape):
+    """The landscape, noting for each run whether it may add to the node's compiled kernels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keeps: list[tuple[str, bool]] = []
+
+    def __call__(self, script, *args, compile_cache=None, keep_compiled=False, **kwargs):
+        assert compile_cache is not None  # every run is lent the store
+        self.keeps.append((script.read_text(), keep_compiled))
+        return super().__call__(script, *args, **kwargs)
+
+
+def test_only_code_the_node_or_peers_it_trusts_wrote_adds_to_its_compiled_kernels(
+    book, alice, bob, carol, tmp_path
+):
+    from node.identity import Identity
+    from node.trainer.compile_cache import CompileCache
+
+    landscape = Landscape()
+    bobs_runs = Recording()
+    with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
+        bob_worker = researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), bobs_runs, verify_every=1,
+                                compile_cache=CompileCache(tmp_path / "bob" / "compiled"))  # fmt: skip
+        carol_worker = researcher(
+            carols, carol, tmp_path / "carol", Scripted(FOUR_STEPS), landscape, verify_every=1
+        )
+        assert bob_worker.step().outcome == carol_worker.step().outcome == "keep"
+        gossip(bobs, carols)
+        gossip(carols, bobs)
+        assert bob_worker.step().verdict == carol_worker.step().verdict == "confirm"
+        gossip(bobs, book)
+        gossip(carols, book)
+    # bob's baseline runs and his own win write; his run of carol's win does not.
+    assert bobs_runs.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, True), (FOUR_STEPS, False)]
+
+    trusting = Recording()
+    worker = researcher(book, alice, tmp_path / "alice", Scripted(), trusting, verify_every=0,
+                        trust=[bob.peer_id], compile_cache=CompileCache(tmp_path / "compiled"))  # fmt: skip
+    merged = worker.step()
+    assert worker.adopted == sha(NARROW) and merged.description.startswith("merge of")
+    # bob's head is trusted by key; the merge carries carol's change, so it does not write.
+    assert trusting.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, True), (BOTH, False)]
+
+    wary = Recording()
+    with ledger_of(tmp_path, "dave") as daves:
+        gossip(book, daves)
+        dave = Identity(bytes(range(3, 35)))
+        softer = NARROW.replace("LOGIT_SOFTCAP = 15.0 ", "LOGIT_SOFTCAP = 30.0 ")
+        worker = researcher(daves, dave, tmp_path / "dave", Scripted(softer), wary, verify_every=0,
+                            compile_cache=CompileCache(tmp_path / "dave" / "compiled"))  # fmt: skip
+        worker.step()
+    # A peer's head, and dave's own change of it, are not all dave's code: neither writes.
+    assert wary.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, False), (softer, False)]

@@ -17,6 +17,7 @@ from node.agent.proposers import Context, Proposal, Proposer
 from node.ledger import Ledger
 
 Trusted = Callable[[str], bool]  # may this node run code that this peer id made?
+MERGE_PREFIX = "merge of "  # how a merge proposal's description starts
 
 
 def swarm_rows(
@@ -125,7 +126,7 @@ def merges_onto(
         key = change_hash(head_text, merged)
         if key not in seen:
             seen.add(key)
-            out.append(Proposal(f"merge of {r['child'][:12]}: {r['description']}", merged))
+            out.append(Proposal(f"{MERGE_PREFIX}{r['child'][:12]}: {r['description']}", merged))
     return out
 
 
@@ -136,16 +137,40 @@ class QueuedProposer:
     def __init__(self, inner: Proposer) -> None:
         self.inner = inner
         self.queue: list[tuple[str, Proposal]] = []
+        self.last_queued = False  # whether the last proposal came from the queue (a merge)
 
     def queue_for(self, parent_source: str, proposals: list[Proposal]) -> None:
         parent = hashlib.sha256(parent_source.encode()).hexdigest()
         self.queue = [(parent, p) for p in proposals]
 
     def propose(self, context: Context) -> Proposal:
+        self.last_queued = True
         while self.queue:
             parent, proposal = self.queue.pop(0)
             if parent == context.parent and (
                 change_hash(context.train_py, proposal.source) not in context.tried_hashes
             ):
                 return proposal
+        self.last_queued = False
         return self.inner.propose(context)
+
+
+def written_by(ledger: Ledger, version: str, baseline: str, authors: Trusted) -> bool:
+    """Whether `version` is `baseline`, or is reached from it by results of `authors` alone,
+    merges left out (a merge carries another author's change): code whose every line they wrote."""
+    seen, todo = set(), [version]
+    while todo:
+        current = todo.pop()
+        if current == baseline:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        rows = ledger.rows(
+            "SELECT parent, author, description FROM results WHERE child = ?", (current,)
+        )
+        todo += [
+            r["parent"] for r in rows
+            if authors(r["author"]) and not r["description"].startswith(MERGE_PREFIX)
+        ]  # fmt: skip
+    return False

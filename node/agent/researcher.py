@@ -7,9 +7,10 @@ stopped. It never talks to the network: `publish` hands each signed fact to the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from node import wire
@@ -22,6 +23,7 @@ from node.consensus import noise_margin
 from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import Profile, RunResult, TokenData, harness_sha256, run_experiment
+from node.trainer.compile_cache import CompileCache
 
 
 class Researcher:
@@ -34,7 +36,8 @@ class Researcher:
         program: str = "", verify_every: int = 4, noise_runs: int = 2, seed: int = 0,
         check: Check | None = policy_check, publish: Callable[[wire.Fact], None] = lambda _: None,
         run: Callable[..., RunResult] = run_experiment, status_path: Path | None = None,
-        trusted: Callable[[str], bool] | None = None,
+        trusted: Callable[[str], bool] | None = None, trust: Collection[str] = (),
+        compile_cache: CompileCache | None = None,
     ) -> None:  # fmt: skip
         self.ledger, self.me, self.profile, self.data = ledger, me, profile, data
         self.work_dir, self.quorum, self.program = Path(work_dir), quorum, program
@@ -43,6 +46,10 @@ class Researcher:
         # Whose code this node may run: everyone (None) in a sandbox; without one, only its own
         # and that of the peers its user trusts by key.
         self.trusted = None if trusted is None else (lambda peer: peer == me.peer_id or trusted(peer))
+        # Whose code may add to the node's compiled kernels: its own and that of peers trusted by key.
+        self.writers = frozenset(trust) | {me.peer_id}
+        self.compile_cache = compile_cache
+        self._researching = False
         self.proposer = adoption.QueuedProposer(proposer)
         self.baseline_source = baseline_source
         self.baseline = ledger.add_version(baseline_source.encode())
@@ -78,7 +85,7 @@ class Researcher:
         run_dir.mkdir(parents=True, exist_ok=True)
         script = run_dir.with_suffix(".py")
         script.write_text(source)
-        result = self.run(script, self.profile, self.data, run_dir, seed=seed, on_event=self._event)
+        result = self._run(script, self.profile, self.data, run_dir, seed=seed, on_event=self._event)
         self.ledger.record_run(
             profile=self.profile.name, parent=version, child=version, outcome=result.outcome,
             val_bpb=result.val_bpb, description=why, log_path=str(run_dir / "log.txt"),
@@ -177,11 +184,15 @@ class Researcher:
             if verified is not None:
                 return verified
         self._set(f"research from {self.head.sha256[:12]}")
-        step = research_step(
-            self.ledger, self.me, self.proposer, self.head, self.margin, self.profile, self.data,
-            self.work_dir, program=self.program, seed=self._next_seed(), check=self.check,
-            on_event=self._event, run=self.run,
-        )  # fmt: skip
+        self._researching = True
+        try:
+            step = research_step(
+                self.ledger, self.me, self.proposer, self.head, self.margin, self.profile,
+                self.data, self.work_dir, program=self.program, seed=self._next_seed(),
+                check=self.check, on_event=self._event, run=self._run,
+            )  # fmt: skip
+        finally:
+            self._researching = False
         if step.fact is not None:
             self.publish(step.fact)
         self.head = step.head
@@ -214,7 +225,7 @@ class Researcher:
                     self.ledger, self.me, claim, self.margin, self.profile, self.data,
                     self.work_dir, seed=self._next_seed(),
                     parent_val_bpb=statistics.fmean(parent_scores) if parent_scores else None,
-                    check=self.check, run=self.run,
+                    check=self.check, run=self._run,
                 )  # fmt: skip
             except AgentError as exc:
                 self._set(f"cannot verify {claim['id'][:12]}: {exc}"[:200])
@@ -222,6 +233,27 @@ class Researcher:
             self.publish(verified.fact)
             return verified
         return None
+
+    # ------------------------------------------------------------ runs
+
+    def _run(self, script: Path, *args, **kwargs) -> RunResult:
+        """Every run of this worker: lent the node's compiled kernels, and adding to them only
+        when this node trusts every line of the code."""
+        if self.compile_cache is not None:
+            kwargs.update(compile_cache=self.compile_cache, keep_compiled=self._trusts(script))
+        return self.run(script, *args, **kwargs)
+
+    def _trusts(self, script: Path) -> bool:
+        """Whether the train.py about to run was written by this node and peers trusted by key
+        alone: the research step's own proposal on such a head, or such a version."""
+        writers = self.writers.__contains__
+        if self._researching:  # the child has no result yet: judge its head, and the proposal
+            assert self.head is not None
+            return not self.proposer.last_queued and adoption.written_by(
+                self.ledger, self.head.sha256, self.baseline, writers
+            )
+        version = hashlib.sha256(script.read_bytes()).hexdigest()
+        return adoption.written_by(self.ledger, version, self.baseline, writers)
 
     # ------------------------------------------------------------ status
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from node.trainer.compile_cache import CompileCache
 from node.trainer.data import TokenData
 from node.trainer.errors import TrainerError
 from node.trainer.policy import check_source
@@ -103,6 +104,7 @@ class RunResult:
     data_sha256: str
     tokens_per_second: float | None = None
     startup_seconds: float | None = None
+    launch_seconds: float | None = None  # of the start-up: sandbox, interpreter, torch, device
     eval_seconds: float | None = None
     eval_tokens: int | None = None
     params: int | None = None
@@ -158,6 +160,8 @@ def run_experiment(
     sandbox: bool | None = None,
     cancel: threading.Event | None = None,
     gpu: int | None = None,
+    compile_cache: CompileCache | None = None,
+    keep_compiled: bool = False,
 ) -> RunResult:
     """Run `train_py` once under `profile` and return what the harness measured.
 
@@ -165,7 +169,9 @@ def run_experiment(
     in one process that never sees validation data; the scorer scores the model it exported in
     a second one. `sandbox`: True requires bubblewrap, False runs without it, None uses it where
     the machine has it. `cancel` set while it runs ends the run and raises RunCancelled (a stop,
-    not a result); `gpu` picks one CUDA device for the run.
+    not a result); `gpu` picks one CUDA device for the run. `compile_cache` lends the run a
+    copy of the node's compiled kernels; `keep_compiled` (for code the node trusts, never a
+    stranger's) adds what the run compiled to it.
     """
     try:
         source = train_py.read_bytes()
@@ -222,19 +228,24 @@ def run_experiment(
     try:
         if uid is not None:
             os.chown(run_dir, uid, uid)
+        env = {"HOME": str(run_dir)}
+        if compile_cache is not None:  # on the runner's clock: the copy is start-up time
+            env.update(compile_cache.lend(run_dir, uid))
         cmd = [sys.executable, "-P", "-m", "node.trainer.harness", str(run_dir / "config.json")]
-        training = run.start(
-            cmd, [PACKAGE, data.train_path], {"HOME": str(run_dir)}, uid, run_dir=run_dir
-        )
+        training = run.start(cmd, [PACKAGE, data.train_path], env, uid, run_dir=run_dir)
         seen = run.follow(training, TRAINING_EVENTS, "startup", run.started, relay)
         if uid is not None:
             _give_back(run_dir)
             uid = None
         if seen.get("exported") and seen.get("returncode") == 0 and "error" not in seen:
             seen["score"] = scoring.score(run_dir)
+        if compile_cache is not None and keep_compiled and "train_start" in seen:
+            compile_cache.keep(run_dir)
     finally:
         if uid is not None:
             _give_back(run_dir)
+        if compile_cache is not None:
+            compile_cache.release(run_dir)
         scoring.close()
     seen["total_seconds"] = time.monotonic() - run.started
     return _finish(_result(seen, base, profile, run.log_path), run_dir, on_event)
@@ -557,7 +568,9 @@ def _watch(
                         )
                     continue
                 now = time.monotonic()
-                if name == "train_start":
+                if name == "started":
+                    seen["launch_seconds"] = now - started
+                elif name == "train_start":
                     seen["startup_seconds"] = now - started
                     phase, phase_start = "train", now
                 elif name == "eval_start" and phase == "train":
@@ -641,6 +654,7 @@ def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResu
         mfu=mfu,
         tokens_per_second=tps,
         startup_seconds=seen.get("startup_seconds"),
+        launch_seconds=seen.get("launch_seconds"),
         eval_seconds=eval_seconds,
         eval_tokens=result.get("eval_tokens"),
         params=result.get("params"),

@@ -1,0 +1,106 @@
+"""Benchmark a run's start-up with and without the node's store of compiled kernels, side by side.
+
+Runs through the real runner (sandbox included where the machine has one), one after another:
+the baseline with no store; the baseline into an empty store (a trusted run, which fills it);
+the baseline again; a hyperparameter change (same shapes); the model one head narrower (new
+shapes, not kept). For each: start-up, its launch part (sandbox, interpreter, torch, device) and the rest
+(train.py up to its first timed batch: mostly torch.compile), and what the store holds.
+
+    python scripts/bench_startup.py --profile gpu --budget 20 --data-cache DIR [--data embedded:default]
+    python scripts/bench_startup.py --profile test --budget 2 --compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from node.trainer import BASELINE_TRAIN_PY, get_profile, prepare_data, run_experiment
+from node.trainer.compile_cache import CompileCache
+from node.trainer.sandbox import sandbox_available, sandbox_uid
+
+
+def variants(source: str, profile: str) -> dict[str, str]:
+    """The versions the bench runs: the baseline, a learning rate changed, one head fewer."""
+    lr = source.replace("EMBED_LR = 0.3 ", "EMBED_LR = 0.6 ")
+    row = re.search(rf'"{profile}": \((\d+), (\d+), (\d+),', source)
+    if row is None or lr == source:
+        raise SystemExit(f"the baseline has no {profile} row or no EMBED_LR: update the bench")
+    depth, width, head = row.groups()  # one head fewer: the width stays a multiple of the head
+    narrower = source.replace(row.group(0), f'"{profile}": ({depth}, {int(width) - int(head)}, {head},')
+    return {"baseline": source, "lr": lr, "width": narrower}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="gpu")
+    parser.add_argument("--data", help="replace the profile's data, e.g. embedded:default")
+    parser.add_argument("--budget", type=float, default=20, help="training seconds per run")
+    parser.add_argument("--data-cache", default=os.environ.get("SWARM_DATA", "/tmp/swarmcache"))
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile on the CPU too (a check of the plumbing)"
+    )
+    args = parser.parse_args()
+    profile = dataclasses.replace(
+        get_profile(args.profile, args.data), budget_seconds=args.budget, startup_seconds=600
+    )
+    data = prepare_data(profile, Path(args.data_cache))
+    source = BASELINE_TRAIN_PY.read_text()
+    if args.compile:
+        source = source.replace('COMPILE = S.device.type == "cuda"', "COMPILE = True")
+    versions = variants(source, profile.name)
+    work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    store = CompileCache(work / "store")
+    uid = sandbox_uid() if sandbox_available() else None
+    print(
+        f"profile {profile.name}, budget {profile.budget_seconds:.0f} s, sandbox "
+        f"{'yes' if sandbox_available() else 'no'}, store lent as "
+        f"{'hard links (a uid of its own)' if uid is not None else 'copies'}; work in {work}"
+    )
+    plan = [
+        ("no store", "baseline", False, False),
+        ("empty store, kept", "baseline", True, True),
+        ("warm", "baseline", True, True),
+        ("warm, EMBED_LR changed", "lr", True, True),
+        ("warm, one head fewer", "width", True, False),
+    ]
+    print(
+        f"{'run':<24} {'start-up':>9} {'launch':>7} {'compile':>8} {'train':>6} {'eval':>6} "
+        f"{'total':>7} {'val_bpb':>8} {'store MB':>9} {'files':>6}"
+    )
+    rows = {}
+    for index, (label, name, lend, keep) in enumerate(plan):
+        script = work / f"{index}-{name}.py"
+        script.write_text(versions[name])
+        began = time.monotonic()
+        result = run_experiment(
+            script, profile, data, work / f"run-{index}",
+            compile_cache=store if lend else None, keep_compiled=keep,
+        )  # fmt: skip
+        wall = time.monotonic() - began
+        if result.outcome != "ok":
+            print(f"{label}: {result.outcome}: {result.error}\n{result.log_tail}")
+            continue
+        files = sum(len(names) for _, _, names in os.walk(store.root))
+        startup, launch = result.startup_seconds or 0.0, result.launch_seconds or 0.0
+        rows[label] = startup
+        print(
+            f"{label:<24} {startup:>8.1f}s {launch:>6.1f}s {startup - launch:>7.1f}s "
+            f"{result.train_seconds:>5.0f}s {result.eval_seconds or 0:>5.1f}s {wall:>6.1f}s "
+            f"{result.val_bpb:>8.4f} {store.size() / 2**20:>9.1f} {files:>6}"
+        )
+    cold = rows.get("no store")
+    for label in ("warm", "warm, EMBED_LR changed", "warm, one head fewer"):
+        if cold and label in rows:
+            print(f"start-up {label}: {rows[label]:.1f} s = {rows[label] / cold:.2f} x the cold {cold:.1f} s")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
