@@ -1,8 +1,7 @@
 """Benchmark a run's start-up with and without the node's store of compiled kernels, side by side.
 
 Runs through the real runner (sandbox included where the machine has one), one after another:
-the baseline with no store; the baseline into an empty store (a trusted run, which fills it);
-the baseline again; a hyperparameter change (same shapes); the model one head narrower (new
+the baseline into an empty store (cold: a trusted run, which fills it); the baseline again; a hyperparameter change (same shapes); the model one head narrower (new
 shapes, not kept). For each: start-up, its launch part (sandbox, interpreter, torch, device) and the rest
 (train.py up to its first timed batch: mostly torch.compile), and what the store holds.
 
@@ -64,8 +63,7 @@ def main() -> None:
         f"{'hard links (a uid of its own)' if uid is not None else 'copies'}; work in {work}"
     )
     plan = [
-        ("no store", "baseline", False, False),
-        ("empty store, kept", "baseline", True, True),
+        ("cold (empty store)", "baseline", True, True),
         ("warm", "baseline", True, True),
         ("warm, EMBED_LR changed", "lr", True, True),
         ("warm, one head fewer", "width", True, False),
@@ -95,7 +93,7 @@ def main() -> None:
             f"{result.train_seconds:>5.0f}s {result.eval_seconds or 0:>5.1f}s {wall:>6.1f}s "
             f"{result.val_bpb:>8.4f} {store.size() / 2**20:>9.1f} {files:>6}"
         )
-    cold = rows.get("no store")
+    cold = rows.get("cold (empty store)")
     for label in ("warm", "warm, EMBED_LR changed", "warm, one head fewer"):
         if cold and label in rows:
             print(f"start-up {label}: {rows[label]:.1f} s = {rows[label] / cold:.2f} x the cold {cold:.1f} s")

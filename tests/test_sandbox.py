@@ -19,6 +19,7 @@ from node.trainer.sandbox import (
     clean_environment,
     limit_resources,
     sandbox_available,
+    sandbox_uid,
 )
 
 HEAD = "import torch\nfrom node.trainer.harness import session\nS = session()\n"
@@ -198,3 +199,17 @@ def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, sma
     result = run_experiment(script, profile, small_data, tmp_path / "run")
     assert result.outcome == "crash" and result.val_bpb is None
     assert result.error.startswith("refused by the harness: the model looks ahead")
+
+
+@pytest.mark.skipif(
+    not sandbox_available() or sandbox_uid() is None,
+    reason="needs bubblewrap and a root node, which runs its sandbox as a uid of its own",
+)
+def test_the_sandbox_uid_reads_the_system_files_it_is_given():
+    # Triton finds libcuda with `ldconfig -p`, which reads /etc/ld.so.cache: a GPU run dies
+    # at its first compile when the sandbox's uid cannot reach /etc.
+    cmd = bwrap_command(["/bin/sh", "-c", "/sbin/ldconfig -p >/dev/null && cat /etc/passwd"], None, [], "cpu",
+                        sandbox_uid())  # fmt: skip
+    done = subprocess.run(cmd, env=clean_environment({}), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "root:" in done.stdout

@@ -116,6 +116,7 @@ def bwrap_command(
     for name in SYSTEM_DIRS:
         if Path(name).exists():
             args += _bind(Path(name))
+    args += ["--perms", "0755", "--dir", "/etc"]  # else 0700: the sandbox's uid could read none of it
     for name in ETC_FILES:
         if (Path("/etc") / name).exists():
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
