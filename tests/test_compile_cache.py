@@ -67,6 +67,7 @@ def test_a_trusted_run_fills_the_store_a_strangers_run_adds_nothing_and_a_rerun_
     assert all((store.root / f).stat().st_mode & 0o222 == 0 for f in filled)  # read-only
     run(WIDER, "stranger", keep=False)  # other shapes: new kernels, compiled but not kept
     assert files_of(store.root) == filled and len(store.added) == 1
+    shutil.rmtree(tmp_path / "trusted")  # entries must not lean on the folder they came from
     run(COMPILED, "again", keep=True)  # every kernel comes from the store
     assert store.added[1] == 0 and files_of(store.root) == filled
 
@@ -122,9 +123,8 @@ def test_a_lent_copy_cannot_change_the_store_from_the_sandbox_uid(open_folder):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.chown(run_dir, uid, uid)
-    env = store.lend(run_dir, uid)
+    assert store.lend(run_dir, uid) == run_dir / RUN_FOLDER
     lent = run_dir / RUN_FOLDER / "triton" / "kernel.cubin"
-    assert env["TRITON_CACHE_DIR"] == str(run_dir / RUN_FOLDER / "triton")
     assert lent.read_bytes() == b"honest" and lent.stat().st_ino == entry.stat().st_ino
     as_uid = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
     read = subprocess.run([*as_uid, "cat", str(lent)], capture_output=True)

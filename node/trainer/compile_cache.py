@@ -16,11 +16,19 @@ import threading
 from pathlib import Path
 
 RUN_FOLDER = "compiled"  # inside a run folder: the run's own copy
+# Where a sandboxed run sees its copy: one path for every run, because Inductor's entries name
+# the folder they were compiled in.
+IN_SANDBOX = "/tmp/compiled"
 MAX_STORE_BYTES = 2 << 30  # past it the store is emptied, and fills again from the next runs
 MAX_ENTRY_BYTES = 256 << 20  # a larger file is not kept
 # Locks and half-written files are never kept: a lent lock the run cannot open would stop it.
 SKIPPED_NAMES = ("locks",)
 SKIPPED_SUFFIXES = (".lock", ".tmp", ".part")
+
+
+def environment(folder: str | Path) -> dict[str, str]:
+    """What points torch.compile (Inductor, and Triton under it) at the store in `folder`."""
+    return {"TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "TRITON_CACHE_DIR": f"{folder}/triton"}
 
 
 class CompileCache:
@@ -33,8 +41,8 @@ class CompileCache:
         self._lock = threading.Lock()
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def lend(self, run_dir: Path, uid: int | None = None) -> dict[str, str]:
-        """Copy the store into `run_dir`; the environment that points torch.compile at the copy.
+    def lend(self, run_dir: Path, uid: int | None = None) -> Path:
+        """Copy the store into `run_dir`; the copy's folder (bind it at IN_SANDBOX).
 
         For a sandbox that runs as its own `uid`, files are hard links (that uid cannot write
         files it does not own) in folders it owns; a sandbox running as this user gets copies.
@@ -50,10 +58,7 @@ class CompileCache:
         if uid is not None:
             for folder, _, _ in os.walk(target):
                 os.chown(folder, uid, uid)
-        return {
-            "TORCHINDUCTOR_CACHE_DIR": str(target / "inductor"),
-            "TRITON_CACHE_DIR": str(target / "triton"),
-        }
+        return target
 
     def keep(self, run_dir: Path) -> int:
         """Add the files a trusted run compiled (those the store lacks) to the store; bytes added.

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from node.trainer.compile_cache import CompileCache
+from node.trainer.compile_cache import IN_SANDBOX, CompileCache, environment
 from node.trainer.data import TokenData
 from node.trainer.errors import TrainerError
 from node.trainer.policy import check_source
@@ -228,18 +228,23 @@ def run_experiment(
     try:
         if uid is not None:
             os.chown(run_dir, uid, uid)
-        env = {"HOME": str(run_dir)}
-        if compile_cache is not None:  # on the runner's clock: the copy is start-up time
-            env.update(compile_cache.lend(run_dir, uid))
+        env, binds = {"HOME": str(run_dir)}, {}
+        if compile_cache is not None and use_sandbox:  # on the runner's clock: start-up time
+            binds[IN_SANDBOX] = compile_cache.lend(run_dir, uid)
+            env.update(environment(IN_SANDBOX))
+        elif compile_cache is not None:  # unconfined code could write the store anyway
+            env.update(environment(compile_cache.root))
         cmd = [sys.executable, "-P", "-m", "node.trainer.harness", str(run_dir / "config.json")]
-        training = run.start(cmd, [PACKAGE, data.train_path], env, uid, run_dir=run_dir)
+        training = run.start(
+            cmd, [PACKAGE, data.train_path], env, uid, run_dir=run_dir, binds=binds
+        )
         seen = run.follow(training, TRAINING_EVENTS, "startup", run.started, relay)
         if uid is not None:
             _give_back(run_dir)
             uid = None
         if seen.get("exported") and seen.get("returncode") == 0 and "error" not in seen:
             seen["score"] = scoring.score(run_dir)
-        if compile_cache is not None and keep_compiled and "train_start" in seen:
+        if binds and keep_compiled and "train_start" in seen:
             compile_cache.keep(run_dir)
     finally:
         if uid is not None:
@@ -281,8 +286,10 @@ class _Run:
         cwd: Path | None = None,
         fds: tuple = (),
         stdin: int = subprocess.DEVNULL,
+        binds: dict[str, Path] | None = None,
     ) -> _Process:
-        """Start `cmd` (sandboxed when the run is) with a status pipe of its own."""
+        """Start `cmd` (sandboxed when the run is, with `binds`: path inside -> folder, writable)
+        with a status pipe of its own."""
         read_fd, write_fd = os.pipe()
         env = clean_environment(
             {
@@ -299,7 +306,7 @@ class _Run:
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
         if self.sandbox:
-            cmd = bwrap_command(cmd, run_dir, read_only, self.profile.device, uid)
+            cmd = bwrap_command(cmd, run_dir, read_only, self.profile.device, uid, binds)
         tasks = task_limit(uid) if self.sandbox else None
         try:
             with self.log_path.open("ab") as log:

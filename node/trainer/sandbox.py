@@ -79,9 +79,11 @@ def sandbox_uid() -> int | None:
 
 
 def bwrap_command(
-    cmd: list[str], run_dir: Path | None, read_only: list[Path], device: str, uid: int | None = None
-) -> list[str]:
-    """`cmd` wrapped in bubblewrap: only the listed paths, the run folder (if any) writable.
+    cmd: list[str], run_dir: Path | None, read_only: list[Path], device: str, uid: int | None = None,
+    binds: dict[str, Path] | None = None,
+) -> list[str]:  # fmt: skip
+    """`cmd` wrapped in bubblewrap: only the listed paths, the run folder (if any) and `binds`
+    (a path under /tmp inside -> a folder outside) writable.
 
     With `uid`, bubblewrap (running as root) makes no user namespace, and `cmd` runs as `uid`
     with no capabilities and no way to gain any (bubblewrap sets no_new_privs).
@@ -141,6 +143,8 @@ def bwrap_command(
         args += [*_bind(run_dir, writable=True), "--chdir", str(run_dir)]
     else:
         args += ["--chdir", "/tmp"]
+    for inside, folder in (binds or {}).items():
+        args += ["--bind", str(folder), inside]
     if uid is not None:
         cmd = [
             shutil.which("setpriv") or "setpriv",
