@@ -1,9 +1,10 @@
 """Benchmark a run's start-up with and without the node's store of compiled kernels, side by side.
 
 Runs through the real runner (sandbox included where the machine has one), one after another:
-the baseline into an empty store (cold: a trusted run, which fills it); the baseline again; a hyperparameter change (same shapes); the model one head narrower (new
-shapes, not kept). For each: start-up, its launch part (sandbox, interpreter, torch, device) and the rest
-(train.py up to its first timed batch: mostly torch.compile), and what the store holds.
+the baseline into an empty store (cold: a trusted run, which fills it); the baseline again; a
+hyperparameter change (same shapes); the model one head narrower (new shapes, not kept). For
+each: start-up, its launch part (sandbox, interpreter, torch, device) and the rest (train.py up
+to its first timed batch: mostly torch.compile), the training rate, and what the store holds.
 
     python scripts/bench_startup.py --profile gpu --budget 20 --data-cache DIR [--data embedded:default]
     python scripts/bench_startup.py --profile test --budget 2 --compile
@@ -55,32 +56,35 @@ def main() -> None:
         source = source.replace('COMPILE = S.device.type == "cuda"', "COMPILE = True")
     versions = variants(source, profile.name)
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
-    store = CompileCache(work / "store")
     uid = sandbox_uid() if sandbox_available() else None
     print(
         f"profile {profile.name}, budget {profile.budget_seconds:.0f} s, sandbox "
         f"{'yes' if sandbox_available() else 'no'}, store lent as "
         f"{'hard links (a uid of its own)' if uid is not None else 'copies'}; work in {work}"
     )
+    # (what is measured, version, the store lent (a fresh one for each new name), kept)
     plan = [
-        ("cold (empty store)", "baseline", True, True),
-        ("warm", "baseline", True, True),
-        ("warm, EMBED_LR changed", "lr", True, True),
-        ("warm, one head fewer", "width", True, False),
+        ("cold (empty store)", "baseline", "whole", True),
+        ("warm", "baseline", "whole", True),
+        ("warm, EMBED_LR changed", "lr", "whole", True),
+        ("warm, one head fewer", "width", "whole", False),
     ]
+    stores = {}
     print(
         f"{'run':<24} {'start-up':>9} {'launch':>7} {'compile':>8} {'train':>6} {'eval':>6} "
-        f"{'total':>7} {'val_bpb':>8} {'store MB':>9} {'files':>6}"
+        f"{'total':>7} {'val_bpb':>8} {'M tok/s':>8} {'store MB':>9} {'files':>6}"
     )
     rows = {}
-    for index, (label, name, lend, keep) in enumerate(plan):
+    for index, (label, name, store_name, keep) in enumerate(plan):
+        if store_name not in stores:
+            stores[store_name] = CompileCache(work / f"store-{store_name}")
+        store = stores[store_name]
         script = work / f"{index}-{name}.py"
         script.write_text(versions[name])
         began = time.monotonic()
         result = run_experiment(
-            script, profile, data, work / f"run-{index}",
-            compile_cache=store if lend else None, keep_compiled=keep,
-        )  # fmt: skip
+            script, profile, data, work / f"run-{index}", compile_cache=store, keep_compiled=keep
+        )
         wall = time.monotonic() - began
         if result.outcome != "ok":
             print(f"{label}: {result.outcome}: {result.error}\n{result.log_tail}")
@@ -91,10 +95,11 @@ def main() -> None:
         print(
             f"{label:<24} {startup:>8.1f}s {launch:>6.1f}s {startup - launch:>7.1f}s "
             f"{result.train_seconds:>5.0f}s {result.eval_seconds or 0:>5.1f}s {wall:>6.1f}s "
-            f"{result.val_bpb:>8.4f} {store.size() / 2**20:>9.1f} {files:>6}"
+            f"{result.val_bpb:>8.4f} {(result.tokens_per_second or 0) / 1e6:>8.3f} "
+            f"{store.size() / 2**20:>9.1f} {files:>6}"
         )
     cold = rows.get("cold (empty store)")
-    for label in ("warm", "warm, EMBED_LR changed", "warm, one head fewer"):
+    for label in [label for label, *_ in plan[1:]]:
         if cold and label in rows:
             print(f"start-up {label}: {rows[label]:.1f} s = {rows[label] / cold:.2f} x the cold {cold:.1f} s")
     shutil.rmtree(work, ignore_errors=True)

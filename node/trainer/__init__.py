@@ -8,9 +8,9 @@ from pathlib import Path
 
 from node.trainer.data import TokenData, prepare_data
 from node.trainer.errors import TrainerError
+from node.trainer.process import RunCancelled
 from node.trainer.profiles import PROFILES, Profile, get_profile
 from node.trainer.runner import (
-    RunCancelled,
     RunResult,
     harness_sha256,
     require_device,

@@ -8,72 +8,50 @@ tail of the log. It never trusts a number that `train.py` could have printed.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
 import os
-import select
-import shutil
 import signal
-import stat
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import numpy as np
 
 from node.trainer.compile_cache import IN_SANDBOX, CompileCache, environment
 from node.trainer.data import TokenData
 from node.trainer.errors import TrainerError
 from node.trainer.policy import check_source
+from node.trainer.process import PACKAGE, Event, OnEvent, Run, give_back
 from node.trainer.profiles import Profile
-from node.trainer.sandbox import (
-    bwrap_command,
-    clean_environment,
-    end_processes_of,
-    limit_resources,
-    sandbox_available,
-    sandbox_uid,
-    task_limit,
-)
+from node.trainer.sandbox import sandbox_available, sandbox_uid
+from node.trainer.scoring import MODEL_FILE, Scoring
 
 HARNESS_FILES = (
+    "compile_cache.py",
     "corpus.py",
     "data.py",
     "harness.py",
     "policy.py",
+    "process.py",
     "profiles.py",
     "runner.py",
     "sandbox.py",
     "scorer.py",
+    "scoring.py",
     "tokenizer.py",
     "webdata.py",
 )
-PACKAGE = Path(__file__).resolve().parents[1]  # node/: both processes import the harness from it
-# What each process may report; anything else on its pipe is ignored, and a score from the
-# training process is a forgery (only the scorer scores).
+# What the training process may report; anything else on its pipe is ignored, and a score from
+# it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(
     {"started", "train_start", "progress", "train_end", "eval_start", "exported", "export_failed"}
 )
-SCORER_EVENTS = frozenset({"result", "refused"})
-MODEL_FILE = "model.pt2"  # what the training process exports into its run folder for the scorer
-MAX_MODEL_BYTES = 16 << 30  # a larger exported model is not copied, nor scored
 CPU_BATCH_TOKENS, CUDA_BATCH_TOKENS = 2**14, 2**17  # tokens per evaluation batch
 LOG_TAIL_LINES = 40
 # Dense bf16 matrix rate by device name, for MFU; override with SWARM_PEAK_FLOPS.
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12}
-Event = dict
-OnEvent = Callable[[Event], None]
-
-
-class RunCancelled(TrainerError):
-    """The run was stopped from outside (the node is shutting down): there is no result."""
 
 
 def harness_sha256() -> str:
@@ -135,19 +113,6 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
             return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def run_experiment(
@@ -212,8 +177,8 @@ def run_experiment(
     violations = check_source(source.decode("utf-8", "replace"))
     if violations:
         return _finish(_refused(violations, base), run_dir, on_event)
-    run = _Run(profile, use_sandbox, run_dir / "log.txt", gpu, on_event, cancel, time.monotonic())
-    scoring = _Scoring(run, data, seed, rows, batch_size)
+    run = Run(profile, use_sandbox, run_dir / "log.txt", gpu, on_event, cancel, time.monotonic())
+    scoring = Scoring(run, data, seed, rows, batch_size)
 
     # The scorer starts early so that its start-up overlaps other work: on a GPU while training
     # runs (its imports use CPU cores the training leaves idle), on a CPU once training is over.
@@ -240,7 +205,7 @@ def run_experiment(
         )
         seen = run.follow(training, TRAINING_EVENTS, "startup", run.started, relay)
         if uid is not None:
-            _give_back(run_dir)
+            give_back(run_dir)
             uid = None
         if seen.get("exported") and seen.get("returncode") == 0 and "error" not in seen:
             seen["score"] = scoring.score(run_dir)
@@ -248,232 +213,12 @@ def run_experiment(
             compile_cache.keep(run_dir)
     finally:
         if uid is not None:
-            _give_back(run_dir)
+            give_back(run_dir)
         if compile_cache is not None:
             compile_cache.release(run_dir)
         scoring.close()
     seen["total_seconds"] = time.monotonic() - run.started
     return _finish(_result(seen, base, profile, run.log_path), run_dir, on_event)
-
-
-@dataclass
-class _Process:
-    proc: subprocess.Popen
-    status_fd: int
-    uid: int | None
-    began: float
-
-
-@dataclass
-class _Run:
-    """What the two processes of one run share: the profile, the sandbox choice, the log, the clock."""
-
-    profile: Profile
-    sandbox: bool
-    log_path: Path
-    gpu: int | None
-    on_event: OnEvent
-    cancel: threading.Event | None
-    started: float
-
-    def start(
-        self,
-        cmd: list[str],
-        read_only: list[Path],
-        env_extra: dict,
-        uid: int | None,
-        run_dir: Path | None = None,
-        cwd: Path | None = None,
-        fds: tuple = (),
-        stdin: int = subprocess.DEVNULL,
-        binds: dict[str, Path] | None = None,
-    ) -> _Process:
-        """Start `cmd` (sandboxed when the run is, with `binds`: path inside -> folder, writable)
-        with a status pipe of its own."""
-        read_fd, write_fd = os.pipe()
-        env = clean_environment(
-            {
-                "SWARM_STATUS_FD": str(write_fd),
-                "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": str(PACKAGE.parent),
-                "USER": "sandbox",
-                "LOGNAME": "sandbox",
-                **env_extra,
-            }
-        )
-        if self.profile.threads:
-            env["OMP_NUM_THREADS"] = str(self.profile.threads)
-        if self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
-        if self.sandbox:
-            cmd = bwrap_command(cmd, run_dir, read_only, self.profile.device, uid, binds)
-        tasks = task_limit(uid) if self.sandbox else None
-        try:
-            with self.log_path.open("ab") as log:
-                proc = subprocess.Popen(
-                    cmd,
-                    cwd=cwd or run_dir,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=stdin,
-                    pass_fds=(write_fd, *fds),
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=functools.partial(limit_resources, self.profile.device, tasks),
-                )
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        return _Process(proc, read_fd, uid, time.monotonic())
-
-    def follow(
-        self,
-        process: _Process,
-        accepted: frozenset,
-        phase: str,
-        started: float,
-        on_event: OnEvent | None = None,
-    ) -> dict:
-        """Follow a started process's status pipe until it ends; reap it and all it started."""
-        try:
-            return _watch(
-                process.proc,
-                process.status_fd,
-                self.profile,
-                phase,
-                started,
-                accepted,
-                on_event or self.on_event,
-                self.cancel,
-            )
-        finally:
-            self.stop(process)
-
-    @staticmethod
-    def stop(process: _Process) -> None:
-        if process.status_fd >= 0:
-            os.close(process.status_fd)
-            process.status_fd = -1
-        _kill_group(process.proc)
-        if process.uid is not None:
-            end_processes_of(process.uid)
-
-
-class _Scoring:
-    """The scorer of one run: started while the model is exported, told to go once it is copied.
-
-    It gets a folder of its own (read-only inside its sandbox) where the runner puts a copy of the
-    model file, and the validation tokens in anonymous memory files.
-    """
-
-    def __init__(self, run: _Run, data: TokenData, seed: int, rows: int, batch_size: int) -> None:
-        self.run, self.data, self.process = run, data, None
-        self.folder = Path(tempfile.mkdtemp(prefix="swarm-score-"))
-        self.folder.chmod(0o755)
-        self.go_fd = -1
-        self.fds: tuple = ()
-        self.config = {
-            "model": str(self.folder / MODEL_FILE),
-            "device": run.profile.device,
-            "threads": run.profile.threads,
-            "seed": seed,
-            "seq_len": run.profile.seq_len,
-            "rows": rows,
-            "batch_size": batch_size,
-            "gpu_memory_fraction": run.profile.gpu_memory_fraction,
-        }
-
-    def start(self) -> None:
-        if self.process is not None:
-            return
-        profile = self.run.profile
-        tokens = np.memmap(self.data.val_path, dtype=np.uint16, mode="r")
-        token_bytes = np.load(self.data.token_bytes_path).astype(np.int32)
-        self.fds = (
-            _memory_file(
-                "val-tokens", tokens[: self.config["rows"] * profile.seq_len + 1].tobytes()
-            ),
-            _memory_file("token-bytes", token_bytes.tobytes()),
-        )
-        config = {
-            **self.config,
-            "vocab_size": len(token_bytes),
-            "tokens_fd": self.fds[0],
-            "token_bytes_fd": self.fds[1],
-        }
-        cmd = [sys.executable, "-P", "-m", "node.trainer.scorer", json.dumps(config)]
-        go_read, self.go_fd = os.pipe()
-        try:
-            self.process = self.run.start(
-                cmd,
-                [PACKAGE, self.folder],
-                {"HOME": "/tmp"},
-                sandbox_uid() if self.run.sandbox else None,
-                cwd=self.folder,
-                fds=self.fds,
-                stdin=go_read,
-            )
-        finally:
-            os.close(go_read)
-
-    def score(self, run_dir: Path) -> dict:
-        """Copy the exported model in, let the scorer go, and follow it to its result."""
-        self.start()
-        try:
-            _copy_regular_file(run_dir / MODEL_FILE, self.folder / MODEL_FILE, MAX_MODEL_BYTES)
-        except OSError as exc:
-            return {"error": f"no score: the exported model cannot be read: {exc.strerror or exc}"}
-        try:
-            os.write(self.go_fd, b"go\n")
-        except BrokenPipeError:
-            pass  # the scorer has died already: following it says how
-        process, self.process = self.process, None
-        return self.run.follow(process, SCORER_EVENTS, "score", time.monotonic())
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.run.stop(self.process)
-            self.process = None
-        for fd in (*self.fds, self.go_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.fds, self.go_fd = (), -1
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _memory_file(name: str, payload: bytes) -> int:
-    """An anonymous in-memory file holding `payload`, rewound: how the scorer gets validation data."""
-    fd = os.memfd_create(name, 0)
-    view = memoryview(payload)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _copy_regular_file(source: Path, target: Path, limit: int) -> None:
-    """Copy `source` if it is a plain file (not a link, not a device) of at most `limit` bytes."""
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as src:
-        info = os.fstat(src.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            raise OSError(f"{source.name} is not a plain file of at most {limit >> 30} GiB")
-        with target.open("wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 22)
-
-
-def _give_back(run_dir: Path) -> None:
-    """The run folder and what the sandbox left in it back to this node's user (links not followed)."""
-    me = (os.geteuid(), os.getegid())
-    os.lchown(run_dir, *me)
-    for folder, dirs, files in os.walk(run_dir):
-        for name in dirs + files:
-            try:
-                os.lchown(os.path.join(folder, name), *me)
-            except OSError:
-                continue
 
 
 def eval_shape(val_tokens: int, seq_len: int, eval_tokens: int, device: str) -> tuple[int, int]:
@@ -517,103 +262,6 @@ def _refused(violations: list, base: dict) -> RunResult:
         error=f"refused by the policy: {shown}",
         **base,
     )
-
-
-def _watch(
-    proc: subprocess.Popen,
-    read_fd: int,
-    profile: Profile,
-    phase: str,
-    started: float,
-    accepted: frozenset,
-    on_event: OnEvent,
-    cancel: threading.Event | None,
-) -> dict:
-    """Follow one process's events with the runner's own clock until it ends or is killed.
-
-    Only the events in `accepted` count; a score sent by the training process is a forgery,
-    and ends the run as refused.
-    """
-    seen: dict = {}
-    phase_start, buffer = started, b""
-    limits = {
-        "startup": profile.startup_seconds,
-        "train": profile.budget_seconds + profile.grace_seconds,
-        "eval": profile.eval_seconds,
-        "score": profile.eval_seconds,
-    }
-    while True:
-        if cancel is not None and cancel.is_set():
-            _kill_group(proc)
-            raise RunCancelled(f"run cancelled during {phase}")
-        now = time.monotonic()
-        if now - phase_start > limits[phase]:
-            _kill_group(proc)
-            seen.setdefault(
-                "error", f"timeout: {phase} ran past its limit of {limits[phase]:.0f} s"
-            )
-            break
-        ready, _, _ = select.select([read_fd], [], [], 0.2)
-        if ready:
-            chunk = os.read(read_fd, 65536)
-            if not chunk:  # the process closed the pipe: it has ended
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                try:
-                    event = json.loads(line)
-                    name = event["event"]
-                except (ValueError, KeyError, TypeError):
-                    continue
-                if name not in accepted:
-                    if name in SCORER_EVENTS:
-                        seen.setdefault(
-                            "error",
-                            f"refused by the harness: the training process sent a {name!r} "
-                            f"event of its own; only the scorer scores",
-                        )
-                    continue
-                now = time.monotonic()
-                if name == "started":
-                    seen["launch_seconds"] = now - started
-                elif name == "train_start":
-                    seen["startup_seconds"] = now - started
-                    phase, phase_start = "train", now
-                elif name == "eval_start" and phase == "train":
-                    seen["train_seconds"] = now - phase_start
-                    seen["eval_started"] = now
-                    phase, phase_start = "eval", now
-                elif name == "result":
-                    seen["result_at"] = now
-                elif name == "refused":  # the scorer caught the model cheating
-                    seen.setdefault("error", f"refused by the harness: {event.get('reason', '')}")
-                elif name == "export_failed":
-                    seen.setdefault(
-                        "error",
-                        f"the model cannot be exported for scoring: {event.get('reason', '')}",
-                    )
-                seen[name] = event
-                on_event(
-                    {
-                        **event,
-                        "phase": "eval" if phase == "score" else phase,
-                        "runner_elapsed": now - phase_start,
-                    }
-                )
-        elif proc.poll() is not None:
-            break
-    seen["returncode"], seen["rss_mb"] = _reap(proc)
-    return seen
-
-
-def _reap(proc: subprocess.Popen) -> tuple[int, float]:
-    """Wait for the process; its exit code and its own peak resident memory in MiB."""
-    if proc.returncode is not None:
-        return proc.returncode, 0.0
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss / 1024  # Linux reports KiB
 
 
 def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResult:
