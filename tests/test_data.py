@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import http.server
 import math
+import shutil
+import subprocess
+import sys
 import threading
 from functools import partial
 
@@ -113,6 +116,26 @@ def shard_server(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+def test_two_processes_sharing_a_cache_build_it_once_and_both_get_the_same_data(
+    small_data, data_cache, tmp_path
+):
+    shared = tmp_path / "shared"
+    shutil.copytree(data_cache / "downloads", shared / "downloads")  # no second fetch from the registries
+    code = (
+        "import sys; from pathlib import Path; from node.trainer import get_profile, prepare_data; "
+        "print(prepare_data(get_profile('test'), Path(sys.argv[1]), print).sha256)"
+    )
+    both = [
+        subprocess.Popen([sys.executable, "-c", code, str(shared)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=600)[0] for process in both]
+    assert [process.returncode for process in both] == [0, 0], outputs
+    assert {out.strip().splitlines()[-1] for out in outputs} == {small_data.sha256}
+    assert any("waiting for it" in out for out in outputs)  # the second waited for the first
+    assert not list(shared.glob("*/*.partial"))
 
 
 def test_web_shards_download_from_a_url_list_and_the_last_one_is_validation(shard_server, tmp_path):

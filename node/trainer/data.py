@@ -6,6 +6,7 @@ inputs give the same tokenizer hash and the same shards on every machine. Part o
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
@@ -27,6 +28,7 @@ from node.trainer.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 ENCODE_BATCH = 1024  # documents per tiktoken batch
 HEARTBEAT_SECONDS = 10.0  # a step that prints nothing for longer than this says it is still going
 Progress = Callable[[str], None]
+BUILD_LOCK = ".build.lock"  # in the data cache: one process builds at a time
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,27 @@ def _write_tokens(tokenizer: Tokenizer, docs: Iterator[str], path: Path, progres
     return count
 
 
+@contextmanager
+def _one_builder(cache: Path, progress: Progress) -> Iterator[None]:
+    """Hold the cache's build lock: homes that share a cache (`SWARM_DATA`) build one at a time,
+    and a second process finds what the first built instead of tearing its work down."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / BUILD_LOCK).open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"another process is preparing data in {cache}: waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # the lock ends when the file is closed
+
+
 def prepare_data(profile: Profile, cache: Path, progress: Progress = lambda _: None) -> TokenData:
     """Corpus, tokenizer and token shards for `profile`, built on first use and then cached."""
+    with _one_builder(cache, progress):
+        return _prepare(profile, cache, progress)
+
+
+def _prepare(profile: Profile, cache: Path, progress: Progress) -> TokenData:
     documents, text_hash = _documents(profile, cache, progress)
     key = hashlib.sha256(f"{text_hash} {profile.vocab_size} {profile.tokenizer_chars}".encode()).hexdigest()[:16]
     root = cache / "tokens" / f"{profile.data.replace(':', '-').replace('/', '_')}-{profile.vocab_size}-{key}"
