@@ -151,24 +151,28 @@ def test_every_nth_step_verifies_an_open_claim_of_a_peer(book, alice, bob, tmp_p
     assert worker.published[-1].kind == "verification"
 
 
-def test_a_verified_peer_win_is_adopted_and_other_verified_wins_merge_onto_it(
-    book, alice, bob, carol, tmp_path
-):
-    landscape = Landscape()
-    with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
-        bob_worker = researcher(
-            bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=1
-        )
+def two_verified_wins(book, bob, carol, tmp_path, landscape, bobs_runs=None, **bobs) -> None:
+    """bob keeps NARROW and carol FOUR_STEPS, each verifies the other's, and `book` gets it all."""
+    with ledger_of(tmp_path, "bob") as bobs_book, ledger_of(tmp_path, "carol") as carols:
+        bob_worker = researcher(bobs_book, bob, tmp_path / "bob", Scripted(NARROW),
+                                bobs_runs or landscape, verify_every=1, **bobs)  # fmt: skip
         carol_worker = researcher(
             carols, carol, tmp_path / "carol", Scripted(FOUR_STEPS), landscape, verify_every=1
         )
         assert bob_worker.step().outcome == carol_worker.step().outcome == "keep"
-        gossip(bobs, carols)
-        gossip(carols, bobs)
+        gossip(bobs_book, carols)
+        gossip(carols, bobs_book)
         # Each verifies the other's win (step 2 of each verifies, with verify_every=1).
         assert bob_worker.step().verdict == carol_worker.step().verdict == "confirm"
-        gossip(bobs, book)
+        gossip(bobs_book, book)
         gossip(carols, book)
+
+
+def test_a_verified_peer_win_is_adopted_and_other_verified_wins_merge_onto_it(
+    book, alice, bob, carol, tmp_path
+):
+    landscape = Landscape()
+    two_verified_wins(book, bob, carol, tmp_path, landscape)
     worker = researcher(book, alice, tmp_path, Scripted(), landscape, verify_every=0)
     merged = worker.step()
     assert worker.adopted == sha(NARROW)  # the best verified head
@@ -359,20 +363,9 @@ def test_only_code_the_node_or_peers_it_trusts_wrote_adds_to_its_compiled_kernel
     from node.identity import Identity
     from node.trainer.compile_cache import CompileCache
 
-    landscape = Landscape()
     bobs_runs = Recording()
-    with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
-        bob_worker = researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), bobs_runs, verify_every=1,
-                                compile_cache=CompileCache(tmp_path / "bob" / "compiled"))  # fmt: skip
-        carol_worker = researcher(
-            carols, carol, tmp_path / "carol", Scripted(FOUR_STEPS), landscape, verify_every=1
-        )
-        assert bob_worker.step().outcome == carol_worker.step().outcome == "keep"
-        gossip(bobs, carols)
-        gossip(carols, bobs)
-        assert bob_worker.step().verdict == carol_worker.step().verdict == "confirm"
-        gossip(bobs, book)
-        gossip(carols, book)
+    two_verified_wins(book, bob, carol, tmp_path, Landscape(), bobs_runs,
+                      compile_cache=CompileCache(tmp_path / "bob" / "compiled"))  # fmt: skip
     # bob's baseline runs and his own win write; his run of carol's win does not.
     assert bobs_runs.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, True), (FOUR_STEPS, False)]
 
