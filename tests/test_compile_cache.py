@@ -120,6 +120,10 @@ def test_a_lent_copy_cannot_change_the_store_from_the_sandbox_uid(open_folder):
     entry = store.root / "triton" / "kernel.cubin"
     entry.write_bytes(b"honest")
     entry.chmod(0o444)
+    (store.root / "nv").mkdir()
+    index = store.root / "nv" / "index"
+    index.write_bytes(b"driver")
+    index.chmod(0o444)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.chown(run_dir, uid, uid)
@@ -139,3 +143,9 @@ def test_a_lent_copy_cannot_change_the_store_from_the_sandbox_uid(open_folder):
     )
     assert replace.returncode == 0, replace.stderr
     assert entry.read_bytes() == b"honest" and lent.read_bytes() == b"planted\n"
+    # The CUDA driver's cache is the run's own copy: it rewrites its index in place.
+    own = run_dir / RUN_FOLDER / "nv" / "index"
+    assert own.stat().st_ino != index.stat().st_ino
+    update = subprocess.run([*as_uid, "sh", "-c", f"echo more >> {own}"], capture_output=True)
+    assert update.returncode == 0, update.stderr
+    assert index.read_bytes() == b"driver" and own.read_bytes() == b"drivermore\n"
