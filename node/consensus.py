@@ -66,7 +66,7 @@ def verified_children(
 
     `results` carry id, author, profile and harness; `verifications` carry result, author,
     verdict, profile and harness. A verdict counts only when measured with the same harness and
-    profile as the result. A crash verdict counts neither way. Returns {result id: the peers
+    profile as the result. A crash or an inconclusive verdict counts neither way. Returns {result id: the peers
     whose confirmations count}, for the verified results only.
     """
     if quorum < 1:
@@ -179,8 +179,15 @@ def keep_or_discard(child_bpb: float | None, parent_bpb: float, margin: float) -
 
 def verdict(child_bpb: float | None, parent_bpb: float, margin: float) -> str:
     """A verifier's verdict from its own runs of the child and the parent (its own seed):
-    confirm when the child beats the parent by more than the verifier's margin, refute when
-    not, crash when the child did not score."""
-    return {"keep": "confirm", "discard": "refute", "crash": "crash"}[
-        keep_or_discard(child_bpb, parent_bpb, margin)
-    ]
+    - confirm: the child beats the parent by more than the verifier's margin;
+    - refute: the child is no better than the parent at all;
+    - inconclusive: better, by no more than the margin, a gain this machine cannot tell from its
+      noise. Evidence neither way: on a noisy machine, refuting it would cost an honest author
+      its standing for the verifier's noise;
+    - crash: the child did not score."""
+    gain = _gain(child_bpb, parent_bpb)
+    if gain is None:
+        return "crash"
+    if gain > margin:
+        return "confirm"
+    return "refute" if gain <= 0 else "inconclusive"

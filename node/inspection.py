@@ -209,12 +209,13 @@ def experiments(
         _print_json(rows)
         return
     table = Table(title=f"experiments ({len(rows)} shown, newest first)")
-    for name in ("time", "peer", "profile", "outcome", "val_bpb", "child", "✓", "✗", "description"):
+    for name in ("time", "peer", "profile", "outcome", "val_bpb", "child", "✓", "✗", "?", "description"):
         table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
     for r in rows:
         table.add_row(
             _when(r["time"]), _peer(r["author"]), r["profile"], r["outcome"], _bpb(r["val_bpb"]),
-            _short(r["child"]), str(r["confirmations"]), str(r["refutations"]), r["description"],
+            _short(r["child"]), str(r["confirmations"]), str(r["refutations"]),
+            str(r["inconclusive"]), r["description"],
         )  # fmt: skip
     console.print(table)
 

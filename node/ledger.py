@@ -420,7 +420,8 @@ class Ledger:
         self, peer: str | None = None, outcome: str | None = None, profile: str | None = None,
         limit: int = 50,
     ) -> list[dict]:  # fmt: skip
-        """Results, newest first, with how many peers confirmed and refuted each.
+        """Results, newest first, with how many peers confirmed, refuted, and could not tell
+        (inconclusive) each.
 
         `peer` is a peer id or its tail (tables show the tail: every id starts 12D3KooW).
         """
@@ -437,7 +438,9 @@ class Ledger:
             "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = 'confirm') "
             "AS confirmations, "
             "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = 'refute') "
-            "AS refutations FROM results r"
+            "AS refutations, "
+            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id "
+            "AND v.verdict = 'inconclusive') AS inconclusive FROM results r"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY r.time DESC, r.id LIMIT ?"
         )

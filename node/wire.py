@@ -31,7 +31,7 @@ MAX_DIFF_SIZE = 1 << 20  # a unified diff of train.py; larger changes are not on
 MAX_HEAD_AUTHORS = 4096
 ENVELOPE_FIELDS = ("author", "body", "campaign", "kind", "seq", "sig", "time", "v")
 OUTCOMES = ("keep", "discard", "crash")
-VERDICTS = ("confirm", "refute", "crash")
+VERDICTS = ("confirm", "refute", "inconclusive", "crash")  # see consensus.verdict
 
 _UINT_MAX = (1 << 63) - 1
 _HEX = frozenset("0123456789abcdef")

@@ -113,9 +113,22 @@ def test_keep_needs_a_gain_larger_than_the_margin():
 
 def test_a_verifier_confirms_refutes_or_reports_a_crash_from_its_own_runs():
     assert verdict(1.45, 1.50, margin=0.01) == "confirm"
-    assert verdict(1.499, 1.50, margin=0.01) == "refute"
+    assert verdict(1.499, 1.50, margin=0.01) == "inconclusive"  # a gain within its noise
+    assert verdict(1.25, 1.5, margin=0.25) == "inconclusive"  # exactly the margin: not more
+    assert verdict(1.50, 1.50, margin=0.01) == "refute"  # no gain at all
     assert verdict(1.60, 1.50, margin=0.01) == "refute"
     assert verdict(None, 1.50, margin=0.01) == "crash"
+    assert verdict(float("nan"), 1.50, margin=0.01) == "crash"
+
+
+def test_an_inconclusive_verdict_counts_neither_way():
+    results = [result("r1", "alice", BASELINE, V1, 1.4)]
+    unsure = [vote("r1", "bob", "inconclusive"), vote("r1", "carol", "inconclusive")]
+    assert verified_children(results, unsure) == {}
+    assert refuted_claims(results, unsure) == set()
+    confirmed = [*unsure, vote("r1", "dave", "confirm")]
+    assert verified_children(results, confirmed) == {"r1": {"dave"}}  # 1 confirms, 0 refute
+    assert best_head(results, confirmed, "cpu", BASELINE) == V1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +147,7 @@ claims = st.lists(
 )  # fmt: skip
 votes = st.lists(
     st.tuples(st.integers(0, 9), st.sampled_from(PEERS),
-              st.sampled_from(["confirm", "confirm", "refute", "crash"]), st.sampled_from(["h", "h2"])),
+              st.sampled_from(["confirm", "confirm", "refute", "inconclusive", "crash"]), st.sampled_from(["h", "h2"])),
     max_size=30,
 )  # fmt: skip
 

@@ -43,6 +43,12 @@ def test_one_refuted_claim_does_not_cost_an_honest_peer_its_standing():
     assert (standing["honest"].claims, standing["honest"].failed) == (2, 1)
 
 
+def test_claims_a_noisy_verifier_could_not_tell_from_noise_never_cost_standing():
+    results, votes = judged("honest", ["inconclusive"] * 5)
+    standing = peer_standing(results, votes)["honest"]
+    assert (standing.claims, standing.failed, standing.status) == (0, 0, "good")
+
+
 def test_a_peer_whose_claims_mostly_fail_is_silenced_and_told_why():
     results, votes = judged("faker", ["refute", "refute", "crash", "confirm"])
     standing = peer_standing(results, votes)["faker"]

@@ -122,7 +122,8 @@ def scripted_run(scores: dict[str, float | None]):
 
 @pytest.mark.parametrize(
     ("child_bpb", "parent_bpb", "expected"),
-    [(1.40, 1.50, "confirm"), (1.499, 1.50, "refute"), (None, 1.50, "crash")],
+    [(1.40, 1.50, "confirm"), (1.499, 1.50, "inconclusive"), (1.51, 1.50, "refute"),
+     (None, 1.50, "crash")],  # fmt: skip
 )
 def test_the_verdict_comes_from_this_nodes_own_runs(
     book, alice, bob, tmp_path, child_bpb, parent_bpb, expected
