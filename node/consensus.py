@@ -15,6 +15,7 @@ from node.errors import SwarmError
 
 DEFAULT_K = 2.0  # noise margin: this many standard deviations of the node's own baseline runs
 DEFAULT_FLOOR = 0.001  # bpb; below this, a margin from few runs is luck, not a measurement
+MAX_LOOKS = 3  # a verifier's runs of one claim while its verdict is inconclusive, at most
 
 
 class ConsensusError(SwarmError):
@@ -177,17 +178,27 @@ def keep_or_discard(child_bpb: float | None, parent_bpb: float, margin: float) -
     return "keep" if gain > margin else "discard"
 
 
-def verdict(child_bpb: float | None, parent_bpb: float, margin: float) -> str:
+def verdict(
+    child_bpb: float | None, parent_bpb: float, margin: float, earlier_gains: Sequence[float] = ()
+) -> str:
     """A verifier's verdict from its own runs of the child and the parent (its own seed):
     - confirm: the child beats the parent by more than the verifier's margin;
     - refute: the child is no better than the parent at all;
     - inconclusive: better, by no more than the margin, a gain this machine cannot tell from its
       noise. Evidence neither way: on a noisy machine, refuting it would cost an honest author
       its standing for the verifier's noise;
-    - crash: the child did not score."""
+    - crash: the child did not score.
+
+    `earlier_gains` are the gains (parent minus child) of the verifier's earlier looks at the
+    same claim, each with its own seed, all inconclusive. Then the verdict weighs the mean of
+    every look's gain against the margin shrunk by the square root of their number (the noise
+    of a mean of n runs), so a real gain smaller than one run's noise is confirmed after a few
+    looks, and none is never."""
     gain = _gain(child_bpb, parent_bpb)
     if gain is None:
         return "crash"
-    if gain > margin:
+    gains = [*earlier_gains, gain]
+    mean = statistics.fmean(gains)
+    if mean > margin / math.sqrt(len(gains)):
         return "confirm"
-    return "refute" if gain <= 0 else "inconclusive"
+    return "refute" if mean <= 0 else "inconclusive"

@@ -121,6 +121,14 @@ def test_a_verifier_confirms_refutes_or_reports_a_crash_from_its_own_runs():
     assert verdict(float("nan"), 1.50, margin=0.01) == "crash"
 
 
+def test_looks_at_one_claim_weigh_their_mean_against_a_margin_shrunk_by_their_number():
+    assert verdict(1.43, 1.5, margin=0.1) == "inconclusive"  # one look: 0.07 < 0.1
+    assert verdict(1.43, 1.5, margin=0.1, earlier_gains=[0.06, 0.08]) == "confirm"  # > 0.1/sqrt(3)
+    assert verdict(1.55, 1.5, margin=0.1, earlier_gains=[0.02]) == "refute"  # mean -0.015
+    assert verdict(1.46, 1.5, margin=0.1, earlier_gains=[0.02]) == "inconclusive"  # 0.03 < 0.0707
+    assert verdict(None, 1.5, margin=0.1, earlier_gains=[0.09, 0.09]) == "crash"
+
+
 def test_an_inconclusive_verdict_counts_neither_way():
     results = [result("r1", "alice", BASELINE, V1, 1.4)]
     unsure = [vote("r1", "bob", "inconclusive"), vote("r1", "carol", "inconclusive")]

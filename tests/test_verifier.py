@@ -90,6 +90,16 @@ def test_claims_on_the_frontier_come_first_so_a_chain_can_be_adopted_from_the_ba
     assert [r["id"] for r in once_first_is_verified] == ["deep", "side"]  # v1 is now on the frontier
 
 
+def test_a_claim_found_inconclusive_gets_another_look_after_all_others_up_to_max_looks():
+    results = [row("r1", "alice", 1.3), row("r2", "bob", 1.4)]
+    once = [vote("r1", "me", "inconclusive")]
+    assert [r["id"] for r in claims_to_verify(results, once, "me", "test", "h")] == ["r2", "r1"]
+    enough = once * consensus.MAX_LOOKS
+    assert [r["id"] for r in claims_to_verify(results, enough, "me", "test", "h")] == ["r2"]
+    decided = [*once, vote("r1", "me", "confirm")]
+    assert [r["id"] for r in claims_to_verify(results, decided, "me", "test", "h")] == ["r2"]
+
+
 @pytest.fixture
 def book(tmp_path):
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
@@ -207,3 +217,24 @@ def test_a_node_stops_verifying_a_peer_whose_claims_the_swarm_refuted(book, alic
     for seq, fake in enumerate(fakes[:3], 1):
         book.ingest(make_verification(carol, seq, fake, "refute", harness=HARNESS).raw)
     assert ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS, limit=10) == []  # silenced
+
+
+def test_looks_add_up_a_gain_within_one_runs_noise_confirmed_and_none_refuted(
+    book, alice, bob, tmp_path
+):
+    def look(claimed, child, child_bpb):
+        run = scripted_run({child: child_bpb})
+        return verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path, parent_val_bpb=1.5,
+                            run=run).verdict  # fmt: skip
+
+    small = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+    real = claim_in(book, alice, BASELINE, small)
+    assert look(real, small, 1.494) == "inconclusive"  # a gain of 0.006, within the margin 0.01
+    assert look(real, small, 1.4915) == "confirm"  # mean 0.00725 > 0.01 / sqrt(2)
+    other = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 5 ")
+    lucky = claim_in(book, alice, BASELINE, other)
+    assert look(lucky, other, 1.494) == "inconclusive"
+    assert look(lucky, other, 1.508) == "refute"  # mean -0.001: no gain
+    mine = book.rows("SELECT result, verdict FROM verifications WHERE author = ? ORDER BY rowid",
+                     (bob.peer_id,))  # fmt: skip
+    assert [v["verdict"] for v in mine] == ["inconclusive", "confirm", "inconclusive", "refute"]

@@ -231,6 +231,7 @@ class Researcher:
                 self._set(f"cannot verify {claim['id'][:12]}: {exc}"[:200])
                 continue
             self.publish(verified.fact)
+            self._set(f"{verified.verdict}: {claim['id'][:12]} by {claim['author'][-6:]}")
             return verified
         return None
 

@@ -8,6 +8,7 @@ never runs a stranger's train.py that fails the node's checks.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,8 @@ def claims_to_verify(
     for its parent). Then round-robin across authors, the author this node has judged least
     first, so that a flood of claims by one author cannot starve the others; each author's
     claims by lowest claimed val_bpb (the likeliest next heads), ties by id, at most
-    `per_author` of them. Pure: no I/O."""
+    `per_author` of them. Claims this node found inconclusive come after all others, for
+    another look, until it has looked `consensus.MAX_LOOKS` times. Pure: no I/O."""
     results = [r for r in results if r["profile"] == profile and r["outcome"] == "keep"]
     claims = [
         r
@@ -52,7 +54,12 @@ def claims_to_verify(
     )
     by_id = {r["id"]: r for r in results}
     frontier = {baseline} | {by_id[rid]["child"] for rid in verified_all}
-    judged = {v["result"] for v in verifications if v["author"] == me}
+    mine = [v for v in verifications if v["author"] == me]
+    looks = Counter(v["result"] for v in mine)
+    looked = {v["result"] for v in mine if v["verdict"] == "inconclusive"}
+    judged = {v["result"] for v in mine if v["verdict"] != "inconclusive"} | {
+        rid for rid, n in looks.items() if n >= consensus.MAX_LOOKS
+    }
     settled = set(consensus.verified_children(claims, verifications, quorum))
     refuted = consensus.refuted_claims(claims, verifications, quorum)
     open_claims = {
@@ -60,18 +67,15 @@ def claims_to_verify(
         for r in claims
         if r["id"] not in judged | settled | refuted and r["author"] not in skip
     }  # one per id, whatever the order of arrival
-    served: dict[str, int] = {}  # claims of each author this node has judged already
-    for rid in judged:
-        if rid in by_id:
-            served[by_id[rid]["author"]] = served.get(by_id[rid]["author"], 0) + 1
-    queues: dict[tuple[bool, str], list[Mapping[str, Any]]] = {}
+    served = Counter(by_id[rid]["author"] for rid in judged | looked if rid in by_id)
+    queues: dict[tuple[bool, bool, str], list[Mapping[str, Any]]] = {}
     for r in sorted(open_claims.values(), key=lambda r: (r["val_bpb"], r["id"])):
-        queue = queues.setdefault((r["parent"] not in frontier, r["author"]), [])
+        queue = queues.setdefault((r["id"] in looked, r["parent"] not in frontier, r["author"]), [])
         if len(queue) < per_author:
             queue.append(r)
     ranked = sorted(
-        ((later, served.get(author, 0) + turn, r["val_bpb"], r["id"]), r)
-        for (later, author), queue in queues.items()
+        ((again, later, served[author] + turn, r["val_bpb"], r["id"]), r)
+        for (again, later, author), queue in queues.items()
         for turn, r in enumerate(queue)
     )  # fmt: skip
     return [r for _, r in ranked[:limit]]
@@ -116,8 +120,10 @@ def verify_claim(
     check: Check | None = policy_check, run: Run = run_experiment,
 ) -> Verified:  # fmt: skip
     """Run the claim's child (and its parent, unless `parent_val_bpb` is this node's own earlier
-    score of it) and publish a `verification` with the verdict of `consensus.verdict`. A child
-    that fails `check` (the policy) never runs and is refuted: no honest node could have run it."""
+    score of it) and publish a `verification` with the verdict of `consensus.verdict`, which
+    also weighs this node's earlier, inconclusive looks at the claim (their signed deltas). A
+    child that fails `check` (the policy) never runs and is refuted: no honest node could have
+    run it."""
     if claim["author"] == me.peer_id:
         raise AgentError("a node cannot verify its own claim: its confirmation would not count")
     sources = {}
@@ -153,7 +159,13 @@ def verify_claim(
             )
         parent_val_bpb = parent_run.val_bpb
     child_bpb = child_run.val_bpb if child_run.outcome == "ok" else None
-    verdict = consensus.verdict(child_bpb, parent_val_bpb, margin)
+    earlier = ledger.rows(
+        "SELECT delta FROM verifications WHERE result = ? AND author = ? AND profile = ? "
+        "AND harness = ? AND verdict = 'inconclusive' AND delta IS NOT NULL",
+        (claim["id"], me.peer_id, profile.name, child_run.harness_sha256),
+    )
+    gains = [-row["delta"] for row in earlier]
+    verdict = consensus.verdict(child_bpb, parent_val_bpb, margin, gains)
     body = wire.verification_body(
         result=claim["id"], child_val_bpb=child_bpb, parent_val_bpb=parent_val_bpb, seed=seed,
         profile=profile.name, harness=child_run.harness_sha256, verdict=verdict,

@@ -38,6 +38,7 @@ class SimNode:
         self.peer_id = self.me.peer_id
         self.rng = np.random.default_rng([sim.settings.seed, index, 1])
         self.scores: dict[str, list[float]] = {}  # this node's own runs, by version
+        self.looks: dict[str, list[float]] = {}  # gains of its inconclusive looks, by claim
         self.margin: float | None = None
         self.head = sim.baseline
         self.head_score = 0.0
@@ -152,16 +153,19 @@ class SimNode:
 
     def _verify_one(self) -> Generator[float, None, bool]:
         """The Researcher's `_verify_one`: the first open claim, child then (unless already
-        scored here) parent, and a verdict by `consensus.verdict`. False when none is open."""
+        scored here) parent, and a verdict by `consensus.verdict` that weighs this node's earlier
+        inconclusive looks at the claim. False when none is open."""
         claims = self.view.claims(self.peer_id)
         if not claims:
             return False
         claim = claims[0]
         child = yield from self._run(claim["child"], "verify")
         parent = yield from self._score(claim["parent"], "verify")
-        self._verification(
-            claim["id"], child, parent, consensus.verdict(child, parent, self.margin)
-        )
+        earlier = self.looks.setdefault(claim["id"], [])
+        verdict = consensus.verdict(child, parent, self.margin, earlier)
+        if verdict == "inconclusive":
+            earlier.append(parent - child)
+        self._verification(claim["id"], child, parent, verdict)
         return True
 
     # ------------------------------------------------------------ a cheat
