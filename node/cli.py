@@ -8,18 +8,27 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer 0.29 vendors click
 
+from node.campaign_cli import campaign_app, campaign_from_peer, campaign_or_name
+from node.cli_shared import (
+    DataOption,
+    HomeOption,
+    JsonOption,
+    ProfileOption,
+    console,
+    err_console,
+    prepare,
+    status_line,
+)
 from node.errors import SwarmError
 
 app = typer.Typer(
@@ -28,14 +37,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
-
-HomeOption = Annotated[
-    Path | None,
-    typer.Option("--home", help="Node home (key, ledger, runs). Env SWARM_HOME; default ~/.research-swarm."),
-]
-
 
 from node.inspection import keys_app, ledger_app  # noqa: E402  (sub-apps register last)
 
@@ -43,27 +44,8 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(ledger_app, name="ledger")
 
 
-ProfileOption = Annotated[str, typer.Option("--profile", "-p", help="test (seconds), cpu (about 2 minutes), gpu (300 s on one CUDA GPU).")]
-DataOption = Annotated[
-    str | None,
-    typer.Option("--data", help="Replace the profile's data: embedded:default, embedded:small, web:fineweb-edu or urls:FILE."),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
-
 data_app = typer.Typer(help="The corpus, tokenizer and token shards a profile trains on (built once, then cached).", no_args_is_help=True)
 app.add_typer(data_app, name="data")
-
-
-def _status_line(message: str) -> None:
-    err_console.print(f"[dim]{message}[/]", highlight=False)
-
-
-def _prepare(profile_name: str, data: str | None, home: Path | None):
-    from node.home import data_dir, resolve_home
-    from node.trainer import get_profile, prepare_data
-    home_dir = resolve_home(home)
-    profile = get_profile(profile_name, data)
-    return home_dir, profile, prepare_data(profile, data_dir(home_dir), _status_line)
 
 
 @data_app.command("build")
@@ -73,7 +55,7 @@ def data_build(profile: ProfileOption = "cpu", data: DataOption = None, home: Ho
 
     Example: swarm data build --profile cpu
     """
-    _, prof, tokens = _prepare(profile, data, home)
+    _, prof, tokens = prepare(profile, data, home)
     if as_json:
         print(json.dumps({"profile": prof.name, "root": str(tokens.root), **tokens.manifest}))
         return
@@ -115,7 +97,7 @@ def run(
     from node.trainer.runner import require_device
 
     require_device(get_profile(profile))  # before fetching gigabytes of data for a GPU run
-    home_dir, prof, tokens = _prepare(profile, data, home)
+    home_dir, prof, tokens = prepare(profile, data, home)
     run_dir = home_dir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{prof.name}-{os.getpid()}"
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
@@ -126,13 +108,13 @@ def run(
         def show(event: dict) -> None:
             name = event["event"]
             if plain and name == "eval_start":
-                _status_line(f"{prof.name}: scoring")
+                status_line(f"{prof.name}: scoring")
             if name == "progress":
                 info = f"step {event['steps']}  {event['tokens'] / 1e6:.2f} M tokens"
                 bar.update(task, description=f"{prof.name}: training", completed=event["progress"], info=info)
                 if plain and time.monotonic() - last[0] >= 10:
                     last[0] = time.monotonic()
-                    _status_line(f"{prof.name}: training {event['progress']:.0%}, {info}")
+                    status_line(f"{prof.name}: training {event['progress']:.0%}, {info}")
             elif name == "train_start":
                 bar.update(task, description=f"{prof.name}: training", completed=0)
             elif name == "eval_start":
@@ -220,14 +202,14 @@ def bootstrap_cmd(
     from node.home import resolve_home
 
     home_dir = resolve_home(home)
-    spec = _campaign_or_name(campaign) if campaign else None
+    spec = campaign_or_name(campaign) if campaign else None
     if spec is not None and not isinstance(spec, str):
         from node.ledger import Ledger, ledger_path
 
         with Ledger(ledger_path(home_dir), campaign=spec.name) as ledger:
             ledger.ingest(spec.fact.raw)
             ledger.add_version(spec.to_bytes())  # served by hash, like a train.py
-        _status_line(f"serving campaign {spec.name}: newcomers run swarm join --bootstrap <address below> "
+        status_line(f"serving campaign {spec.name}: newcomers run swarm join --bootstrap <address below> "
                      f"--campaign sha256:{spec.sha256}")
         campaign = spec.name
     run_bootstrap(listen, home_dir, campaign, stop=_stop_on_signal())
@@ -338,9 +320,9 @@ def join_cmd(
     from node.home import resolve_home
     from node.node import NodeConfig, run_node
 
-    spec = _campaign_or_name(campaign)
+    spec = campaign_or_name(campaign)
     if isinstance(spec, str) and spec.startswith("sha256:"):
-        spec = _campaign_from_peer(resolve_home(home), list(bootstrap or []), spec.removeprefix("sha256:"))
+        spec = campaign_from_peer(resolve_home(home), list(bootstrap or []), spec.removeprefix("sha256:"))
     if isinstance(spec, str) and quorum is None:
         quorum = 1
     if quorum is not None and quorum < 1:
@@ -355,7 +337,7 @@ def join_cmd(
                         max_cost_usd=max_cost, quorum=quorum or spec.quorum, gpus=gpus, seed=seed,
                         verify_every=verify_every, trust=_peer_ids(trust or []),
                         sandbox=None if sandbox else False)
-    run_node(config, say=_status_line)
+    run_node(config, say=status_line)
 
 
 def _peer_ids(values: list[str]) -> list[str]:
@@ -367,45 +349,6 @@ def _peer_ids(values: list[str]) -> list[str]:
         except (IdentityError, ValueError):
             raise SwarmError(f"--trust {value[:60]}: not a peer id (12D3KooW...); `swarm keys show` prints one") from None
     return values
-
-
-def _campaign_from_peer(home: Path, peers: list[str], sha256: str):
-    """The campaign file with this hash, fetched from the first --bootstrap that serves it, and
-    kept in HOME/campaigns/ for the next start."""
-    from node.campaign import load_campaign, parse_campaign
-    from node.gossip import GossipError, fetch_blob
-
-    kept = home / "campaigns" / f"{sha256}.campaign.json"
-    if kept.is_file():
-        return load_campaign(kept)
-    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise SwarmError(f"--campaign sha256:{sha256[:20]}...: expected 64 hex digits after sha256:")
-    if not peers:
-        raise SwarmError("--campaign sha256:HASH needs --bootstrap: the peer that serves the campaign file")
-    errors = []
-    for peer in peers:
-        try:
-            raw = fetch_blob(home, peer, sha256)
-        except GossipError as exc:
-            errors.append(str(exc))
-            continue
-        campaign = parse_campaign(raw, f"campaign file from {peer}")
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_bytes(raw)
-        _status_line(f"campaign {campaign.name} from {peer}, organised by {campaign.organiser}; kept in {kept}")
-        return campaign
-    raise SwarmError("; ".join(errors))
-
-
-def _campaign_or_name(value: str):
-    """A loaded campaign file when `value` names one, else the campaign name itself."""
-    from node.campaign import load_campaign
-
-    if Path(value).is_file():
-        return load_campaign(value)
-    if "/" in value or value.endswith(".json"):
-        raise SwarmError(f"no campaign file {value}: make one with `swarm campaign new`, or pass a campaign name")
-    return value
 
 
 @app.command("status")
@@ -444,83 +387,7 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
             f"{k} {v}" for k, v in ledger.items() if isinstance(v, int) and not isinstance(v, bool)))
 
 
-# ---------------------------------------------------------------- campaigns
-
-campaign_app = typer.Typer(help="Campaign files: what a group researches together, signed by its organiser.",
-                           no_args_is_help=True)
-app.add_typer(campaign_app, name="campaign")
-
-
-@campaign_app.command("new")
-def campaign_new(
-    name: Annotated[str, typer.Argument(help="The campaign's name: letters, digits, '-', '_' and '.'.")],
-    program: Annotated[Path, typer.Option("--program", help="The program.md the agents read (the research strategy).")],
-    profiles: Annotated[list[str], typer.Option("--profile", "-p", help="A profile the campaign runs on (repeatable).")],
-    quorum: Annotated[int, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted.")] = 1,
-    baseline: Annotated[Path | None, typer.Option("--baseline", help="The train.py every lineage starts from (default: the built-in one).")] = None,
-    data: DataOption = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Where to write the campaign file (default: NAME.campaign.json).")] = None,
-    home: HomeOption = None,
-) -> None:
-    """Write a campaign file signed by this node's key: name, program.md, baseline train.py, data hashes, quorum.
-
-    Builds (or finds) each profile's data to pin its hashes. Members join with `swarm join --campaign FILE`.
-
-    Example: swarm campaign new hack-nov --program program.md --profile cpu --quorum 2
-    """
-    from node.campaign import campaign_body, data_pins, make_campaign
-    from node.identity import load_identity
-    from node.ledger import Ledger, ledger_path
-    from node.trainer import BASELINE_TRAIN_PY
-    from node.trainer.policy import check_source
-
-    texts = {}
-    for label, path in (("program", program), ("baseline", baseline or BASELINE_TRAIN_PY)):
-        try:
-            texts[label] = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SwarmError(f"cannot read --{label} {path}: {exc}") from None
-    broken = check_source(texts["baseline"])
-    if broken:
-        raise SwarmError(f"--baseline breaks the train.py policy: {broken[0]}; fix it first")
-    pins: dict[str, str] = {}
-    for profile in dict.fromkeys(profiles):
-        home_dir, prof, tokens = _prepare(profile, data, home)
-        pins.update(data_pins(prof.name, prof.data, tokens.manifest))
-    me = load_identity(home_dir)
-    body = campaign_body(me, name, texts["program"], texts["baseline"], list(dict.fromkeys(profiles)), quorum, pins)
-    with Ledger(ledger_path(home_dir), campaign=name) as ledger:
-        fact = ledger.publish(me, "campaign", body)
-    campaign = make_campaign(fact, texts["program"], texts["baseline"])
-    target = out or Path(f"{name}.campaign.json")
-    target.write_bytes(campaign.to_bytes())
-    console.print(f"campaign {name}: {target} (sha256 {campaign.sha256[:16]}), signed by {campaign.organiser}")
-    console.print(f"members join with: swarm join --campaign {target} --bootstrap ADDR")
-
-
-@campaign_app.command("show")
-def campaign_show(
-    file: Annotated[Path, typer.Argument(help="A campaign file.")],
-    as_json: JsonOption = False,
-) -> None:
-    """Check a campaign file's signature and hashes, and show what it pins.
-
-    Example: swarm campaign show hack-nov.campaign.json
-    """
-    from node.campaign import load_campaign
-
-    campaign = load_campaign(file)
-    info = {"name": campaign.name, "organiser": campaign.organiser, "quorum": campaign.quorum,
-            "profiles": campaign.profiles, "baseline": campaign.baseline_sha256,
-            "program_sha256": campaign.fact.body["program_sha256"], "data": campaign.fact.body["data"],
-            "sha256": campaign.sha256}
-    if as_json:
-        print(json.dumps(info))
-        return
-    table = Table(title=f"campaign {campaign.name} (signature and hashes check out)", show_header=False)
-    for key, value in info.items():
-        table.add_row(key, json.dumps(value) if isinstance(value, (list, dict)) else str(value))
-    console.print(table)
+app.add_typer(campaign_app, name="campaign")  # `swarm campaign new|show`: node/campaign_cli.py
 
 
 @app.command("local")
@@ -552,21 +419,21 @@ def local_cmd(
     if fresh:
         reset(root)
     swarm = LocalSwarm(root, nodes, profile, minutes, campaign, model, api_base, data, sandbox)
-    _prepare(profile, data, root.parent)  # the data, built once before the nodes start
+    prepare(profile, data, root.parent)  # the data, built once before the nodes start
     if console.is_terminal and not as_json:
         from rich.live import Live
 
         with Live(console=console, refresh_per_second=2) as live:
-            result = run_local(swarm, _status_line, lambda rows, left: live.update(status_table(rows, left)))
+            result = run_local(swarm, status_line, lambda rows, left: live.update(status_table(rows, left)))
     else:  # a log, not a terminal: a plain line every 30 s
         last = [0.0]
 
         def show(rows: list[dict], left: float) -> None:
             if time.monotonic() - last[0] >= 30:
                 last[0] = time.monotonic()
-                _status_line(progress_line(rows, left))
+                status_line(progress_line(rows, left))
 
-        result = run_local(swarm, _status_line, show)
+        result = run_local(swarm, status_line, show)
     if as_json:
         print(json.dumps(result))
         return

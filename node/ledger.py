@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -17,20 +16,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import sqlite_utils
 
-from node import consensus, wire
-from node.errors import SwarmError
+from node import wire
 from node.identity import Identity, peer_id_from_public_key
+from node.ledger_queries import LedgerError, LedgerQueries
 
 LEDGER_FILE = "ledger.db"  # inside the node's home
-MAX_LINEAGE = 10_000  # steps walked back before giving up (parent links may loop)
-_PAGE = 500  # rows per query where a query walks a long list
 
-
-class LedgerError(SwarmError):
-    """A ledger file that is missing, not a ledger, too new, or a query about something absent."""
 
 
 def _now_ms() -> int:
@@ -119,7 +112,7 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
 # ---------------------------------------------------------------- the ledger
 
 
-class Ledger:
+class Ledger(LedgerQueries):
     """One node's ledger. `campaign` (if set) is the only campaign whose facts it accepts."""
 
     def __init__(
@@ -387,240 +380,6 @@ class Ledger:
         return int(cur.lastrowid)
 
     # ------------------------------------------------------------ reading
-
-    def rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict]:
-        cur = self.conn.execute(sql, tuple(params))
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-    def summary(self) -> dict:
-        one = lambda sql: self.conn.execute(sql).fetchone()[0]  # noqa: E731
-        return {
-            "path": str(self.path),
-            "schema_version": self.schema_version,
-            # Counted from the derived tables' indexes: scanning `facts` reads every raw blob.
-            "facts": {
-                kind: n
-                for kind, table in (("result", "results"), ("verification", "verifications"),
-                                    ("campaign", "campaigns"))
-                if (n := one(f"SELECT COUNT(*) FROM {table}"))
-            },
-            "outcomes": dict(self.conn.execute("SELECT outcome, COUNT(*) FROM results GROUP BY 1")),
-            "verdicts": dict(self.conn.execute("SELECT verdict, COUNT(*) FROM verifications GROUP BY 1")),
-            "peers": one("SELECT COUNT(*) FROM peers"),
-            "versions": one("SELECT COUNT(*) FROM versions"),
-            "runs": one("SELECT COUNT(*) FROM runs"),
-            "rejected": dict(self.conn.execute("SELECT reason, SUM(count) FROM rejections GROUP BY 1")),
-            "campaigns": [r["name"] for r in self.rows("SELECT name FROM campaigns ORDER BY time")],
-            "last_received": one("SELECT MAX(received) FROM (SELECT received FROM facts "
-                                 "ORDER BY rowid DESC LIMIT 1)"),
-        }  # fmt: skip
-
-    def experiments(
-        self, peer: str | None = None, outcome: str | None = None, profile: str | None = None,
-        limit: int = 50,
-    ) -> list[dict]:  # fmt: skip
-        """Results, newest first, with how many peers confirmed, refuted, and could not tell
-        (inconclusive) each.
-
-        `peer` is a peer id or its tail (tables show the tail: every id starts 12D3KooW).
-        """
-        where, params = [], []
-        if peer:
-            where.append("substr(r.author, -?) = ?")
-            params += [len(peer), peer]
-        for column, value in (("outcome", outcome), ("profile", profile)):
-            if value is not None:
-                where.append(f"r.{column} = ?")
-                params.append(value)
-        sql = (
-            "SELECT r.*, "
-            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = 'confirm') "
-            "AS confirmations, "
-            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = 'refute') "
-            "AS refutations, "
-            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id "
-            "AND v.verdict = 'inconclusive') AS inconclusive FROM results r"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY r.time DESC, r.id LIMIT ?"
-        )
-        return self.rows(sql, [*params, limit])
-
-    def _verdicts(self, result_ids: list[str]) -> list[dict]:
-        """Confirmations and refutations of these results: `consensus` weighs them."""
-        marks = ", ".join("?" * len(result_ids))
-        return self.rows(
-            "SELECT result, author, verdict, profile, harness FROM verifications "
-            f"WHERE verdict IN ('confirm', 'refute') AND result IN ({marks})",
-            result_ids,
-        )
-
-    def leaderboard(self, quorum: int = 1, limit: int = 10) -> dict[str, list[dict]]:
-        """Per profile, the best verified train.py versions, lowest val_bpb first (ties by hash).
-
-        Walks each profile's kept results from the best claimed val_bpb up, a page at a time,
-        until `limit` versions are verified (by `consensus`): the cost follows what is shown,
-        not the size of the ledger.
-        """
-        columns = "id, author, time, profile, parent, child, harness, val_bpb, description"
-        board: dict[str, list[dict]] = {}
-        profiles = self.conn.execute(
-            "SELECT DISTINCT profile FROM results WHERE outcome = 'keep' ORDER BY profile"
-        )
-        for (profile,) in profiles.fetchall():
-            chosen: list[str] = []
-            after: tuple = (-math.inf, "", "")
-            page_size = min(_PAGE, 10 * limit)  # most top claims are verified: read few at a time
-            while len(chosen) < limit:
-                page = self.rows(
-                    f"SELECT {columns} FROM results WHERE outcome = 'keep' AND profile = ? "
-                    "AND val_bpb IS NOT NULL AND (val_bpb, child, id) > (?, ?, ?) "
-                    "ORDER BY val_bpb, child, id LIMIT ?",
-                    (profile, *after, page_size),
-                )
-                if not page:
-                    break
-                after = (page[-1]["val_bpb"], page[-1]["child"], page[-1]["id"])
-                verified = consensus.verified_children(
-                    page, self._verdicts([r["id"] for r in page]), quorum
-                )
-                for r in page:
-                    if r["id"] in verified and r["child"] not in chosen and len(chosen) < limit:
-                        chosen.append(r["child"])
-            if not chosen:
-                continue
-            # Every kept result of the chosen versions: who found each first, who verified it.
-            results = self.rows(
-                f"SELECT {columns} FROM results WHERE outcome = 'keep' AND profile = ? "
-                f"AND val_bpb IS NOT NULL AND child IN ({', '.join('?' * len(chosen))})",
-                (profile, *chosen),
-            )
-            verified = consensus.verified_children(
-                results, self._verdicts([r["id"] for r in results]), quorum
-            )
-            entries: dict[str, dict] = {}
-            for r in sorted(results, key=lambda r: (r["time"], r["id"])):
-                if r["id"] not in verified:
-                    continue
-                entry = entries.setdefault(
-                    r["child"],
-                    {**r, "found_by": r["author"], "verified_by": set(), "result": r["id"]},
-                )
-                entry["val_bpb"] = min(entry["val_bpb"], r["val_bpb"])
-                entry["verified_by"] |= verified[r["id"]]
-            board[profile] = []
-            for child in chosen:
-                entry = entries[child]
-                entry["verified_by"] = sorted(entry["verified_by"])
-                for drop in ("author", "id", "harness"):
-                    entry.pop(drop)
-                board[profile].append(entry)
-        return board
-
-    def lineage(self, child: str) -> list[dict]:
-        """The chain of versions from the baseline to `child` (a sha256 or a unique prefix).
-
-        Each step is the earliest kept result that made that version, with its description, diff
-        size, claimed delta against its parent and the mean delta its confirmations measured.
-        """
-        child = self._expand(
-            child, "SELECT DISTINCT child FROM results WHERE child BETWEEN ? AND ?"
-        )
-        chain: list[str] = []
-        seen: set[str] = set()
-        current = child
-        while current not in seen and len(chain) < MAX_LINEAGE:  # parent links may loop
-            seen.add(current)
-            row = self.conn.execute(
-                "SELECT id, parent FROM results WHERE child = ? "
-                "ORDER BY (outcome = 'keep') DESC, time, id LIMIT 1",
-                (current,),
-            ).fetchone()
-            if row is None:
-                break
-            chain.append(row[0])
-            current = row[1]
-        if not chain:
-            raise LedgerError(f"no result made version {child[:12]}: nothing to trace")
-        steps: dict[str, dict] = {}
-        for start in range(0, len(chain), _PAGE):
-            ids = chain[start : start + _PAGE]
-            marks = ", ".join("?" * len(ids))
-            for r in self.rows(
-                "SELECT id, author, time, profile, parent, child, description, diff_size, val_bpb, "
-                f"outcome, NULL AS verified_delta, 0 AS confirmations FROM results WHERE id IN ({marks})",
-                ids,
-            ):
-                steps[r["id"]] = r
-            for result, delta, count in self.conn.execute(
-                "SELECT result, AVG(delta), COUNT(*) FROM verifications "
-                f"WHERE verdict = 'confirm' AND result IN ({marks}) GROUP BY result",
-                ids,
-            ):
-                steps[result]["verified_delta"], steps[result]["confirmations"] = delta, count
-        ordered = [steps[i] for i in reversed(chain)]
-        for prev, step in zip([None, *ordered[:-1]], ordered, strict=True):
-            parent_bpb = prev["val_bpb"] if prev else None
-            known = step["val_bpb"] is not None and parent_bpb is not None
-            step["delta"] = step["val_bpb"] - parent_bpb if known else None
-        return ordered
-
-    def peers(self) -> list[dict]:
-        """Every peer seen: facts, results, confirmations and refutations its results received,
-        and the messages rejected from it by reason."""
-        # CROSS JOIN keeps SQLite walking verifications (fewer) rather than every result.
-        standing = {
-            r["author"]: r
-            for r in self.rows(
-                "SELECT r.author, SUM(v.verdict = 'confirm') AS confirmations, "
-                "SUM(v.verdict = 'refute') AS refutations FROM verifications v CROSS "
-                "JOIN results r ON r.id = v.result AND v.author != r.author GROUP BY r.author"
-            )
-        }
-        rejected: dict[str, dict[str, int]] = {}
-        for peer, reason, count in self.conn.execute(
-            "SELECT peer_id, reason, count FROM rejections"
-        ):
-            rejected.setdefault(peer, {})[reason] = count
-        out = []
-        for p in self.rows(
-            "SELECT peer_id, first_seen, last_seen, facts, results, verifications FROM peers"
-        ):
-            s = standing.get(p["peer_id"], {})
-            p["confirmations"] = s.get("confirmations") or 0
-            p["refutations"] = s.get("refutations") or 0
-            p["rejected"] = rejected.pop(p["peer_id"], {})
-            out.append(p)
-        for peer, reasons in rejected.items():  # peers only ever heard from with junk
-            out.append({"peer_id": peer, "first_seen": None, "last_seen": None, "facts": 0,
-                        "results": 0, "verifications": 0, "confirmations": 0, "refutations": 0,
-                        "rejected": reasons})  # fmt: skip
-        return sorted(out, key=lambda p: (-(p["last_seen"] or 0), p["peer_id"]))
-
-    def fact(self, fact_id: str) -> dict:
-        """One stored fact (id or unique prefix), decoded, with its signature checked again."""
-        fact_id = self._expand(fact_id, "SELECT id FROM facts WHERE id BETWEEN ? AND ?")
-        row = self.rows("SELECT * FROM facts WHERE id = ?", (fact_id,))[0]
-        check = wire.decode(row["raw"], None, now_ms=row["time"])
-        try:
-            envelope = msgpack.unpackb(row["raw"], raw=False, strict_map_key=False)
-        except Exception:
-            envelope = None
-        status = (
-            "valid" if isinstance(check, wire.Fact) else f"{check.reason.value}: {check.detail}"
-        )
-        return {"id": fact_id, "received": row["received"], "status": status, "envelope": envelope}
-
-    def _expand(self, prefix: str, sql: str) -> str:
-        if not prefix or any(c not in "0123456789abcdef" for c in prefix.lower()):
-            raise LedgerError(f"{prefix!r} is not a sha256 (hex digits)")
-        low = prefix.lower()  # a range, not LIKE, so that the index serves it
-        matches = [r[0] for r in self.conn.execute(sql + " LIMIT 2", (low, low + "g"))]
-        if not matches:
-            raise LedgerError(f"nothing in {self.path} matches {prefix!r}")
-        if len(matches) > 1:
-            raise LedgerError(f"{prefix!r} matches more than one; give more digits")
-        return matches[0]
 
     def facts_raw(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, bytes]]:
         """(id, raw signed bytes) of stored facts, oldest first: what sync and export send."""
