@@ -15,6 +15,7 @@ from node.trainer import (
     harness_sha256,
     run_experiment,
 )
+from node.trainer.scoring import MODEL_FILE
 
 FAST = dataclasses.replace(
     get_profile("test"), budget_seconds=2, startup_seconds=20, grace_seconds=3, eval_seconds=20
@@ -58,6 +59,7 @@ def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, s
         "done",
     ]
     assert (tmp_path / "run" / "result.json").exists() and (tmp_path / "run" / "log.txt").exists()
+    assert not (tmp_path / "run" / MODEL_FILE).exists()  # scored: the export is deleted
 
 
 def test_an_untrained_model_scores_worse_than_a_trained_one(tmp_path, small_data):
