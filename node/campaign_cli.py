@@ -55,9 +55,6 @@ def campaign_or_name(value: str):
     return value
 
 
-
-# ---------------------------------------------------------------- campaigns
-
 campaign_app = typer.Typer(help="Campaign files: what a group researches together, signed by its organiser.",
                            no_args_is_help=True)
 
