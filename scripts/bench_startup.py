@@ -8,6 +8,7 @@ to its first timed batch: mostly torch.compile), the training rate, and what the
 
     python scripts/bench_startup.py --profile gpu --budget 20 --data-cache DIR [--data embedded:default]
     python scripts/bench_startup.py --profile test --budget 2 --compile
+    python scripts/bench_startup.py --profile gpu --budget 20 --train-py OTHER.py   # another train.py
 """
 
 from __future__ import annotations
@@ -46,19 +47,20 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile on the CPU too (a check of the plumbing)"
     )
+    parser.add_argument("--train-py", type=Path, help="bench this train.py instead of the baseline")
     args = parser.parse_args()
     profile = dataclasses.replace(
         get_profile(args.profile, args.data), budget_seconds=args.budget, startup_seconds=600
     )
     data = prepare_data(profile, Path(args.data_cache))
-    source = BASELINE_TRAIN_PY.read_text()
+    source = (args.train_py or BASELINE_TRAIN_PY).read_text()
     if args.compile:
         source = source.replace('COMPILE = S.device.type == "cuda"', "COMPILE = True")
     versions = variants(source, profile.name)
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
     uid = sandbox_uid() if sandbox_available() else None
     print(
-        f"profile {profile.name}, budget {profile.budget_seconds:.0f} s, sandbox "
+        f"{args.train_py or 'the baseline train.py'}: profile {profile.name}, budget {profile.budget_seconds:.0f} s, sandbox "
         f"{'yes' if sandbox_available() else 'no'}, store lent as "
         f"{'hard links (a uid of its own)' if uid is not None else 'copies'}; work in {work}"
     )

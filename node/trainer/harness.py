@@ -148,17 +148,21 @@ class Session:
         self.finished = True
         self._emit("eval_start")
         model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: export what it wraps
-        flops = flops_per_token(model, self.seq_len, self.device)
+        # Modules compiled in place (Module.compile) run eager from here: new input shapes would
+        # compile them again, seconds spent on nothing the score needs.
+        with torch.compiler.set_stance("force_eager"):
+            flops = flops_per_token(model, self.seq_len, self.device)
         model.eval()
         started = time.perf_counter()
         try:
-            export_model(
-                model,
-                self.config["eval"]["batch_size"],
-                self.seq_len,
-                self.device,
-                self.config["eval"]["model_path"],
-            )
+            with torch.compiler.set_stance("force_eager"):
+                export_model(
+                    model,
+                    self.config["eval"]["batch_size"],
+                    self.seq_len,
+                    self.device,
+                    self.config["eval"]["model_path"],
+                )
         except Exception as exc:  # any failure of torch.export: the run cannot be scored
             reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             print(f"the model cannot be exported for scoring: {reason}", file=sys.stderr)

@@ -33,7 +33,7 @@ HEAD_LR = 0.004  # AdamW learning rate for the output head
 ADAM_BETAS = (0.8, 0.95)  # AdamW betas
 MUON_MOMENTUM = 0.95  # Muon momentum (Nesterov)
 WARMDOWN = 0.4  # share of the budget at the end over which the learning rate falls to zero
-COMPILE = S.device.type == "cuda"  # torch.compile the model (pays off on a GPU)
+COMPILE = S.device.type == "cuda"  # torch.compile the blocks and the head (pays off on a GPU)
 LOG_EVERY = 50  # steps between train-loss lines in the log
 
 # ---------------------------------------------------------------------------------------------
@@ -93,12 +93,27 @@ class Block(nn.Module):
         return x + self.mlp(rms_norm(x))
 
 
+class LMHead(nn.Module):
+    """The output layer (untied from the embedding): soft-capped logits, or the loss given targets."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.proj = nn.Linear(MODEL_DIM, vocab_size, bias=False)
+
+    def forward(self, x, targets=None):
+        logits = self.proj(rms_norm(x)).float()
+        logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
 class GPT(nn.Module):
     def __init__(self, vocab_size, seq_len):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, MODEL_DIM)
         self.blocks = nn.ModuleList(Block() for _ in range(DEPTH))
-        self.head = nn.Linear(MODEL_DIM, vocab_size, bias=False)  # untied from the embedding
+        self.head = LMHead(vocab_size)
         cos, sin = rotary_tables(seq_len, HEAD_DIM, self.embed.weight.device)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -106,7 +121,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_weights(self):
         nn.init.normal_(self.embed.weight, std=1.0)
-        nn.init.normal_(self.head.weight, std=0.001)
+        nn.init.normal_(self.head.proj.weight, std=0.001)
         for block in self.blocks:
             for linear in (block.attn.q, block.attn.k, block.attn.v, block.mlp.up):
                 nn.init.uniform_(linear.weight, -(3 / MODEL_DIM) ** 0.5, (3 / MODEL_DIM) ** 0.5)
@@ -118,11 +133,7 @@ class GPT(nn.Module):
         x = rms_norm(self.embed(idx))
         for block in self.blocks:
             x = block(x, self.cos[:, :T], self.sin[:, :T])
-        logits = self.head(rms_norm(x)).float()
-        logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return self.head(x, targets)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +196,9 @@ optimizers = [muon, adam]
 for opt in optimizers:
     for group in opt.param_groups:
         group["initial_lr"] = group["lr"]
-step_model = torch.compile(model, dynamic=False) if COMPILE else model
+if COMPILE:  # by region: the blocks share one compiled graph, so new shapes compile one block, not DEPTH
+    for module in (*model.blocks, model.head):
+        module.compile(dynamic=False)
 
 
 def lr_scale(progress):
@@ -194,7 +207,7 @@ def lr_scale(progress):
 
 for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):
     with torch.autocast(S.device.type, dtype=torch.bfloat16, enabled=S.device.type == "cuda"):
-        loss = step_model(x, y)
+        loss = model(x, y)
     (loss / GRAD_ACCUM).backward()
     if (micro + 1) % GRAD_ACCUM:
         continue
