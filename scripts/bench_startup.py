@@ -74,7 +74,7 @@ def main() -> None:
     stores = {}
     print(
         f"{'run':<24} {'start-up':>9} {'launch':>7} {'compile':>8} {'train':>6} {'eval':>6} "
-        f"{'total':>7} {'val_bpb':>8} {'M tok/s':>8} {'store MB':>9} {'files':>6}"
+        f"{'total':>7} {'val_bpb':>8} {'M tok/s':>8} {'peak GiB':>9} {'store MB':>9} {'files':>6}"
     )
     rows = {}
     for index, (label, name, store_name, keep) in enumerate(plan):
@@ -98,6 +98,7 @@ def main() -> None:
             f"{label:<24} {startup:>8.1f}s {launch:>6.1f}s {startup - launch:>7.1f}s "
             f"{result.train_seconds:>5.0f}s {result.eval_seconds or 0:>5.1f}s {wall:>6.1f}s "
             f"{result.val_bpb:>8.4f} {(result.tokens_per_second or 0) / 1e6:>8.3f} "
+            f"{(result.peak_memory_mb or 0) / 1024:>9.1f} "
             f"{store.size() / 2**20:>9.1f} {files:>6}"
         )
     cold = rows.get("cold (empty store)")
