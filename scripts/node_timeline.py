@@ -6,6 +6,10 @@ only. Where the ledger has no start or end (baseline runs), the run folder's fil
 
     python scripts/node_timeline.py --home ~/.research-swarm
     python scripts/node_timeline.py --home copied-home --t0 1796025298 --json
+    python scripts/node_timeline.py --home copied-home --t0 START RESTART   # a node stopped and resumed
+
+With restarts, times are node time: from each (re)start to the node's stop (its last write), with
+the time it was down left out; the first run after a restart counts from the restart.
 
 Per run: `before` is the time from the previous run's record (or the node's start, --t0) to this
 run's start: choosing the change, checking it, writing it. `startup` is the runner's start-up
@@ -74,8 +78,9 @@ def _kind(description: str) -> str:
     return "verify" if description.startswith("verify") else "research"
 
 
-def timeline(home: Path, t0: float | None = None) -> dict:
-    """Every run of the node in `home`, in order, with its phases; and the summary."""
+def timeline(home: Path, t0: float | list[float] | None = None) -> dict:
+    """Every run of the node in `home`, in order, with its phases; and the summary. `t0`: the
+    node's start, or its start and each restart."""
     home = Path(home)
     with _connect(home / "ledger.db") as conn:
         rows = [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY id")]
@@ -104,9 +109,13 @@ def timeline(home: Path, t0: float | None = None) -> dict:
             cancelled.append({"folder": folder.name, "start": _mtime(folder / "config.json"),
                               "last_write": max(filter(None, (_mtime(p) for p in folder.rglob("*"))), default=None)})
     runs.sort(key=lambda r: (r["end"] is None, r["end"] or 0))
-    origin = t0 if t0 is not None else min((r["start"] for r in runs if r["start"]), default=0.0)
-    previous, head, baseline_scores, researched = origin, None, [], False
+    starts = sorted([t0] if isinstance(t0, (int, float)) else t0 or [])
+    starts = starts or [min((r["start"] for r in runs if r["start"]), default=0.0)]
+    node_time = _node_clock(starts, [r["end"] for r in runs] + [c["last_write"] for c in cancelled])
+    previous, head, baseline_scores, researched = starts[0], None, [], False
     for r in runs:
+        restart = max((s for s in starts if r["start"] is not None and s <= r["start"]), default=starts[0])
+        previous = max(previous, restart)  # the node was down in between: not a cycle of its own
         total, train = r["total_seconds"], r["train_seconds"]
         r["cycle"] = r["end"] - previous if r["end"] is not None else None
         r["before"] = r["start"] - previous if r["start"] is not None else None
@@ -124,11 +133,31 @@ def timeline(home: Path, t0: float | None = None) -> dict:
             head = r["val_bpb"]
         researched = researched or r["kind"] == "research"
         r["head_val_bpb"] = head
-        r["at"] = r["end"] - origin if r["end"] is not None else None
+        r["at"] = node_time(r["end"])
         previous = r["end"] if r["end"] is not None else previous
     for c in cancelled:
-        c["at"] = c["start"] - origin if c["start"] is not None else None
-    return {"home": str(home), "t0": origin, "runs": runs, "cancelled": cancelled, "summary": summarise(runs)}
+        c["at"] = node_time(c["start"])
+    return {"home": str(home), "t0": starts[0], "restarts_at": [node_time(t) for t in starts[1:]], "runs": runs,
+            "cancelled": cancelled, "summary": summarise(runs)}
+
+
+def _node_clock(starts: list[float], events: list[float | None]):
+    """Unix time -> seconds the node had been running: each stretch from a (re)start to the
+    last event before the next restart, the stretches laid end to end."""
+    offsets, offset = [], 0.0
+    for i, start in enumerate(starts):
+        offsets.append(offset)
+        nxt = starts[i + 1] if i + 1 < len(starts) else None
+        inside = [e for e in events if e is not None and start <= e and (nxt is None or e < nxt)]
+        offset += max(inside, default=start) - start
+
+    def clock(t: float | None) -> float | None:
+        if t is None:
+            return None
+        i = max((i for i, s in enumerate(starts) if s <= t), default=0)
+        return offsets[i] + t - starts[i]
+
+    return clock
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -162,7 +191,8 @@ def _f(value, spec: str = ".1f") -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", type=Path, required=True, help="the node's home (or a copy of it)")
-    parser.add_argument("--t0", type=float, help="the node's start (Unix seconds); default: the first run's start")
+    parser.add_argument("--t0", type=float, nargs="+",
+                        help="the node's start, then each restart (Unix seconds); default: the first run's start")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     data = timeline(args.home, args.t0)
@@ -178,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{_f(r['overhead']):>5}  {r['description'][:60]}")
     for c in data["cancelled"]:
         print(f"  -  {_f(c['at'], '.0f'):>6} stopped with no result: {c['folder']}")
+    for at in data["restarts_at"]:
+        print(f"  -  {at:>6.0f} the node restarted (node time: the time it was down is left out)")
     s = data["summary"]
     print(f"\nruns {s['runs']} (baseline {s['baseline_runs']}, verify {s['verify_runs']}); research outcomes "
           f"{s['research'] or '{}'}")

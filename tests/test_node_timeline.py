@@ -71,3 +71,32 @@ def test_cli_prints_the_summary(tmp_path, capsys):
     node_timeline.main(["--home", str(home), "--t0", str(T0)])
     out = capsys.readouterr().out
     assert "15.0% of the 300 s budget" in out and "head val_bpb over time: 345 s 1.5000" in out
+
+
+def test_a_node_stopped_and_resumed_counts_node_time(tmp_path):
+    home, gap = tmp_path / "home", 3 * 3600.0
+    with Ledger(home / "ledger.db", campaign="t") as ledger:
+        log = _run_folder(home, "noise-0", T0 + 10, (30, 300, 2, 340))
+        ledger.record_run(profile="gpu", parent="b", child="b", outcome="ok", val_bpb=1.52,
+                          description="noise", log_path=log)
+        stopped = home / "runs" / "worker-0" / "stopped"  # run 2, ended by the stop at T0 + 400
+        stopped.mkdir()
+        (stopped / "config.json").write_text("{}")
+        os.utime(stopped / "config.json", (T0 + 351, T0 + 351))
+        (stopped / "log.txt").write_text("step 1")
+        os.utime(stopped / "log.txt", (T0 + 400, T0 + 400))
+        restart = T0 + 400 + gap
+        start = restart + 20  # the resumed node's own start-up, then its first run
+        log = _run_folder(home, "r0", start, (40, 300, 0, 340))
+        ledger.record_run(profile="gpu", parent="b", child="c0", outcome="keep", val_bpb=1.44,
+                          description="change 0", log_path=log, started=int(start * 1000),
+                          finished=int((start + 341) * 1000))
+
+    data = node_timeline.timeline(home, [T0, restart])
+    runs, s = data["runs"], data["summary"]
+    assert data["restarts_at"] == pytest.approx([400])  # down for 3 hours: left out
+    assert [r["at"] for r in runs] == pytest.approx([350, 400 + 20 + 341])
+    assert runs[1]["before"] == pytest.approx(20) and runs[1]["cycle"] == pytest.approx(361)
+    assert s["mean_cycle"] == pytest.approx((350 + 361) / 2)  # no cycle spans the stop
+    assert s["head"] == [(pytest.approx(350), 1.52), (pytest.approx(761), 1.44)]
+    assert data["cancelled"][0]["at"] == pytest.approx(351)
