@@ -4,7 +4,8 @@ Runs through the real runner (sandbox included where the machine has one), one a
 the baseline into an empty store (cold: a trusted run, which fills it); the baseline again; a
 hyperparameter change (same shapes); the model one head narrower (new shapes, not kept). For
 each: start-up, its launch part (sandbox, interpreter, torch, device) and the rest (train.py up
-to its first timed batch: mostly torch.compile), the training rate, and what the store holds.
+to its first timed batch: mostly torch.compile), the training rate, what the store holds, and the
+run's overhead (its time outside training) as a share of the profile's real budget.
 
     python scripts/bench_startup.py --profile gpu --budget 20 --data-cache DIR [--data embedded:default]
     python scripts/bench_startup.py --profile test --budget 2 --compile
@@ -49,6 +50,7 @@ def main() -> None:
     )
     parser.add_argument("--train-py", type=Path, help="bench this train.py instead of the baseline")
     args = parser.parse_args()
+    real_budget = get_profile(args.profile, args.data).budget_seconds  # what a node's runs get
     profile = dataclasses.replace(
         get_profile(args.profile, args.data), budget_seconds=args.budget, startup_seconds=600
     )
@@ -76,7 +78,7 @@ def main() -> None:
         f"{'run':<24} {'start-up':>9} {'launch':>7} {'compile':>8} {'train':>6} {'eval':>6} "
         f"{'total':>7} {'val_bpb':>8} {'M tok/s':>8} {'peak GiB':>9} {'store MB':>9} {'files':>6}"
     )
-    rows = {}
+    rows, overheads = {}, {}
     for index, (label, name, store_name, keep) in enumerate(plan):
         if store_name not in stores:
             stores[store_name] = CompileCache(work / f"store-{store_name}")
@@ -94,6 +96,7 @@ def main() -> None:
         files = sum(len(names) for _, _, names in os.walk(store.root))
         startup, launch = result.startup_seconds or 0.0, result.launch_seconds or 0.0
         rows[label] = startup
+        overheads[label] = wall - result.train_seconds
         print(
             f"{label:<24} {startup:>8.1f}s {launch:>6.1f}s {startup - launch:>7.1f}s "
             f"{result.train_seconds:>5.0f}s {result.eval_seconds or 0:>5.1f}s {wall:>6.1f}s "
@@ -105,6 +108,11 @@ def main() -> None:
     for label in [label for label, *_ in plan[1:]]:
         if cold and label in rows:
             print(f"start-up {label}: {rows[label]:.1f} s = {rows[label] / cold:.2f} x the cold {cold:.1f} s")
+    for label, overhead in overheads.items():  # the rest of an experiment (choosing, publishing) is under 1 s
+        print(
+            f"overhead {label}: {overhead:.1f} s outside training = {overhead / real_budget:.1%} "
+            f"of the profile's {real_budget:.0f} s budget"
+        )
     shutil.rmtree(work, ignore_errors=True)
 
 
