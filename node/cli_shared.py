@@ -26,8 +26,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object 
 
 
 def status_line(message: str) -> None:
-    """One dim line on stderr: what a command is doing, out of the way of its output."""
-    err_console.print(f"[dim]{message}[/]", highlight=False)
+    """One dim line on stderr: what a command is doing, out of the way of its output. Never broken
+    at the console's width (80 columns in a log file): an address in it must stay copyable."""
+    err_console.print(f"[dim]{message}[/]", highlight=False, soft_wrap=True)
 
 
 def prepare(profile_name: str, data: str | None, home: Path | None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -83,7 +84,7 @@ def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, sma
 
 def test_without_bubblewrap_a_node_says_so_and_runs_only_its_own_and_trusted_code(tmp_path, small_data, data_cache):
     # A PATH without bubblewrap on it: what a laptop without the package looks like to the node.
-    env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200", "PATH": str(Path(sys.executable).parent)}
+    env = {**os.environ, "SWARM_DATA": str(data_cache), "PATH": str(Path(sys.executable).parent)}  # 80 columns
     args = ["join", "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "test", "--campaign", CAMPAIGN]
     bad = subprocess.run([sys.executable, "-m", "node.cli", *args, "--trust", "not-a-peer", "--home",
                           str(tmp_path / "bad")], env=env, capture_output=True, text=True, timeout=60)
@@ -94,5 +95,7 @@ def test_without_bubblewrap_a_node_says_so_and_runs_only_its_own_and_trusted_cod
         node.wait_for(r"no sandbox \(bubblewrap\) on this machine: this node runs only its own train\.py "
                       r"versions and those of the 1 peer\(s\) you trust", 60)
         node.wait_for("listening on", 60)
+        line = next(line for line in node.lines if "listening on" in line)  # whole, to be copied
+        assert re.fullmatch(r"listening on /ip4/127\.0\.0\.1/tcp/\d+/p2p/\w{46,}\n", line), line
     finally:
         assert node.stop() == 0
