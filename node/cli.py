@@ -465,13 +465,13 @@ def main() -> None:
         sys.exit(0)
     except UsageError as exc:  # a mistyped command or option: one line, not a box
         where = f"`{exc.ctx.command_path} --help`" if exc.ctx else "`swarm --help`"
-        err_console.print(f"[bold red]error:[/] {exc.format_message()} (see {where})", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {exc.format_message()} (see {where})", highlight=False)
         sys.exit(2)
     except typer.Abort:
         err_console.print("interrupted")
         sys.exit(130)
     except SwarmError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")

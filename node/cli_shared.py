@@ -9,8 +9,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True)
+# Lines are never broken at the console's width (80 columns in a log file or a pipe): addresses,
+# hashes and commands in them must stay whole to be copied. Tables still fit the width.
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 HomeOption = Annotated[
     Path | None,
@@ -26,9 +28,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object 
 
 
 def status_line(message: str) -> None:
-    """One dim line on stderr: what a command is doing, out of the way of its output. Never broken
-    at the console's width (80 columns in a log file): an address in it must stay copyable."""
-    err_console.print(f"[dim]{message}[/]", highlight=False, soft_wrap=True)
+    """One dim line on stderr: what a command is doing, out of the way of its output."""
+    err_console.print(f"[dim]{message}[/]", highlight=False)
 
 
 def prepare(profile_name: str, data: str | None, home: Path | None):
