@@ -10,6 +10,7 @@ run's overhead (its time outside training) as a share of the profile's real budg
     python scripts/bench_startup.py --profile gpu --budget 20 --data-cache DIR [--data embedded:default]
     python scripts/bench_startup.py --profile test --budget 2 --compile
     python scripts/bench_startup.py --profile gpu --budget 20 --train-py OTHER.py   # another train.py
+    python scripts/bench_startup.py --profile gpu --budget 20 --no-sandbox          # the sandbox's cost
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
         "--compile", action="store_true", help="torch.compile on the CPU too (a check of the plumbing)"
     )
     parser.add_argument("--train-py", type=Path, help="bench this train.py instead of the baseline")
+    parser.add_argument("--no-sandbox", action="store_true", help="run without the sandbox (to measure its cost)")
     args = parser.parse_args()
     real_budget = get_profile(args.profile, args.data).budget_seconds  # what a node's runs get
     profile = dataclasses.replace(
@@ -60,11 +62,13 @@ def main() -> None:
         source = source.replace('COMPILE = S.device.type == "cuda"', "COMPILE = True")
     versions = variants(source, profile.name)
     work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
-    uid = sandbox_uid() if sandbox_available() else None
+    sandboxed = sandbox_available() and not args.no_sandbox
+    uid = sandbox_uid() if sandboxed else None
     print(
         f"{args.train_py or 'the baseline train.py'}: profile {profile.name}, budget {profile.budget_seconds:.0f} s, sandbox "
-        f"{'yes' if sandbox_available() else 'no'}, store lent as "
-        f"{'hard links (a uid of its own)' if uid is not None else 'copies'}; work in {work}"
+        f"{'yes' if sandboxed else 'no'}, store "
+        f"{'lent as hard links (a uid of its own)' if uid is not None else 'lent as copies' if sandboxed else 'used in place'}"
+        f"; work in {work}"
     )
     # (what is measured, version, the store lent (a fresh one for each new name), kept)
     plan = [
@@ -87,7 +91,8 @@ def main() -> None:
         script.write_text(versions[name])
         began = time.monotonic()
         result = run_experiment(
-            script, profile, data, work / f"run-{index}", compile_cache=store, keep_compiled=keep
+            script, profile, data, work / f"run-{index}", sandbox=sandboxed, compile_cache=store,
+            keep_compiled=keep,
         )
         wall = time.monotonic() - began
         if result.outcome != "ok":
