@@ -10,6 +10,7 @@ consistent; a restart resumes from the ledger.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import signal
@@ -104,6 +105,8 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     if campaign is not None:
         check_data(campaign, profile.name, tokens.manifest)
         _record_campaign(home, campaign)
+    elif moved := baseline_moved(home, config.campaign, profile.name):
+        say(moved)
     stop = stop or threading.Event()
     say(f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
         f"{len(devices)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}")
@@ -151,6 +154,31 @@ def _record_campaign(home: Path, campaign: Campaign) -> None:
     if isinstance(stored, wire.Rejection):
         raise NodeError(f"this ledger refuses campaign {campaign.name}'s fact ({stored.reason.value}: {stored.detail}):"
                         " use a fresh --home for this campaign")
+
+
+def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
+    """What to tell a user whose home measured its noise on another built-in baseline than this
+    version's (an upgrade changed it): the node starts a new lineage. None when nothing moved."""
+    from node.ledger import Ledger, LedgerError, ledger_path
+    from node.trainer import BASELINE_TRAIN_PY
+
+    if not ledger_path(home).exists():
+        return None
+    baseline = hashlib.sha256(BASELINE_TRAIN_PY.read_text().encode()).hexdigest()  # as the worker hashes it
+    try:
+        with Ledger(ledger_path(home), campaign=campaign) as ledger:
+            rows = ledger.rows("SELECT DISTINCT child FROM runs WHERE profile = ? AND description = 'noise'", (profile,))
+    except LedgerError:  # another campaign's ledger: the worker says so
+        return None
+    measured = {r["child"] for r in rows}
+    if not measured or baseline in measured:  # a new home, or the move was already taken
+        return None
+    return (
+        f"this home's noise runs were made on another baseline ({', '.join(sorted(v[:12] for v in measured))}) than "
+        f"this version's built-in train.py ({baseline[:12]}): an upgrade changed it, so the node starts a new lineage "
+        "from it and measures its noise again; the old runs stay in the ledger, and peers on the old version keep the "
+        "old baseline (a campaign file pins one for everybody: swarm campaign new --baseline FILE)"
+    )
 
 
 def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, compiled: CompileCache,

@@ -3,6 +3,7 @@ loopback, researching on the `test` profile; `swarm status` while it runs; a cle
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -99,3 +100,29 @@ def test_without_bubblewrap_a_node_says_so_and_runs_only_its_own_and_trusted_cod
         assert re.fullmatch(r"listening on /ip4/127\.0\.0\.1/tcp/\d+/p2p/\w{46,}\n", line), line
     finally:
         assert node.stop() == 0
+
+
+def test_a_node_whose_builtin_baseline_moved_since_its_noise_runs_says_so(tmp_path, small_data, data_cache):
+    # A home whose noise was measured on an older built-in train.py: what an upgrade leaves.
+    from node.ledger import Ledger, ledger_path
+
+    home = tmp_path / "node"
+    old = hashlib.sha256(b"the previous version's baseline").hexdigest()
+    with Ledger(ledger_path(home), campaign=CAMPAIGN) as ledger:
+        for _ in range(2):
+            ledger.record_run(profile="test", parent=old, child=old, outcome="ok", val_bpb=3.0, description="noise")
+    env = {**os.environ, "SWARM_DATA": str(data_cache)}
+    node = Process("join", "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "test", "--campaign", CAMPAIGN,
+                   "--home", str(home), "--no-sandbox", env=env)
+    try:
+        node.wait_for(rf"this home's noise runs were made on another baseline \({old[:12]}\) than this version's "
+                      r"built-in train\.py \(\w{12}\): an upgrade changed it, so the node starts a new lineage", 60)
+        # It goes on from the new baseline: its own noise runs, after which the warning has no cause.
+        wait_until(lambda: count(ledger_path(home), "SELECT COUNT(DISTINCT child) FROM runs WHERE description = 'noise'")
+                   == 2, "noise runs on the new baseline", timeout=120)
+    finally:
+        assert node.stop() == 0
+    from node.node import baseline_moved
+
+    assert baseline_moved(home, CAMPAIGN, "test") is None
+    assert baseline_moved(tmp_path / "new", CAMPAIGN, "test") is None  # no ledger: nothing moved
