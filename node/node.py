@@ -28,6 +28,7 @@ from node.home import compiled_dir, data_dir
 from node.identity import load_identity
 
 if TYPE_CHECKING:
+    from node.agent.crew import Crew
     from node.trainer.compile_cache import CompileCache
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ def _program_text() -> str:
 
 def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None) -> None:
     """Join the swarm and research until `stop` is set or Ctrl-C."""
+    from node.agent.crew import Crew
     from node.gossip import GossipConfig, run_peer
     from node.trainer import get_profile, prepare_data, require_device
     from node.trainer.compile_cache import CompileCache
@@ -123,7 +125,8 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
 
     threads = [threading.Thread(target=gossip, name="gossip", daemon=True)]
     compiled = CompileCache(compiled_dir(home))  # one store for all workers
-    threads += [threading.Thread(target=_work, args=(config, profile, index, device, tokens, compiled, stop,
+    crew = Crew()  # the workers share the experiments in hand and the node's own keeps
+    threads += [threading.Thread(target=_work, args=(config, profile, index, device, tokens, compiled, crew, stop,
                                                      failures),
                                  name=f"worker-{index}", daemon=True)
                 for index, device in enumerate(devices)]
@@ -182,7 +185,7 @@ def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
 
 
 def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, compiled: CompileCache,
-          stop: threading.Event, failures: list[BaseException]) -> None:
+          crew: Crew, stop: threading.Event, failures: list[BaseException]) -> None:
     """One research worker: its own ledger connection and proposer, step after step until stopped."""
     from node.agent import AgentError, LLMProposer, OfflineProposer
     from node.agent.researcher import Researcher
@@ -210,7 +213,7 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, c
                 program=campaign.program if campaign else _program_text(),
                 verify_every=config.verify_every, noise_runs=config.noise_runs, seed=seed, run=run,
                 status_path=home / STATUS_DIR / f"worker-{index}.json", trusted=trusted,
-                trust=config.trust, compile_cache=compiled,
+                trust=config.trust, compile_cache=compiled, crew=crew,
             )
             refusals = 0
             while not stop.is_set():

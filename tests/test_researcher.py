@@ -17,6 +17,7 @@ from conftest import CAMPAIGN
 
 from node import wire
 from node.agent.adoption import best_head, swarm_rows
+from node.agent.crew import Crew
 from node.agent.errors import SpendingLimitReached
 from node.agent.llm import Usage
 from node.agent.loop import Step
@@ -390,3 +391,85 @@ def test_only_code_the_node_or_peers_it_trusts_wrote_adds_to_its_compiled_kernel
         worker.step()
     # A peer's head, and dave's own change of it, are not all dave's code: neither writes.
     assert wary.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, False), (softer, False)]
+
+
+class Edits:
+    """Proposes edits of the parent it is given, in order: (description, old, new)."""
+
+    def __init__(self, *edits: tuple[str, str, str]) -> None:
+        self.edits = list(edits)
+
+    def propose(self, context: Context) -> Proposal:
+        what, old, new = self.edits.pop(0)
+        assert old in context.train_py
+        return Proposal(what, context.train_py.replace(old, new))
+
+
+NARROWER = ("MLP_RATIO 4 -> 3", "MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+FEWER_STEPS = ("four Newton-Schulz steps", "steps=5)", "steps=4)")
+SOFTER = ("LOGIT_SOFTCAP 15 -> 30", "LOGIT_SOFTCAP = 15.0 ", "LOGIT_SOFTCAP = 30.0 ")
+
+
+class Meanwhile(Landscape):
+    """During the first run of `source`, `then()` happens: another worker's steps on another GPU."""
+
+    def __init__(self, source: str, then) -> None:
+        super().__init__()
+        self.source, self.then = source, then
+
+    def __call__(self, script, *args, **kwargs):
+        if self.then is not None and script.read_text() == self.source:
+            then, self.then = self.then, None
+            then()
+        return super().__call__(script, *args, **kwargs)
+
+
+def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_lineage(alice, tmp_path):
+    crew = Crew()
+    meanwhile: list[Step] = []
+    landscape = Meanwhile(NARROW, lambda: meanwhile.extend([second.step(), second.step()]))
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as one, \
+            Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as two:  # fmt: skip
+        first = researcher(one, alice, tmp_path / "gpu0", Edits(NARROWER, SOFTER), landscape,
+                           verify_every=0, crew=crew)  # fmt: skip
+        second = researcher(two, alice, tmp_path / "gpu1", Edits(NARROWER, FEWER_STEPS), landscape,
+                            verify_every=0, crew=crew, seed=1)  # fmt: skip
+        first.start()
+        second.start()
+        assert landscape.runs == [BASELINE] * 2  # the node measures its noise once, not per worker
+
+        # While the first worker runs NARROW, the second proposes it too: refused, it tries its next.
+        assert first.step().outcome == "keep"
+        assert [s.outcome for s in meanwhile] == ["refused", "keep"]
+        assert "running on another worker of this node" in meanwhile[0].reason
+        assert landscape.runs.count(NARROW) == 1 and meanwhile[1].head.source == FOUR_STEPS
+
+        # The first worker's keep is better: the second moves onto it and merges its own win in.
+        merged = second.step()
+        assert merged.outcome == "keep" and merged.head.source == BOTH
+        assert merged.description.startswith(f"merge of {sha(FOUR_STEPS)[:12]}: four Newton-Schulz")
+
+        # The first worker's next change builds on the merge, which already holds its own win.
+        assert first.step().outcome == "discard"
+        assert first.published[-1].body["parent"] == sha(BOTH)
+        assert landscape.runs == [BASELINE] * 2 + [FOUR_STEPS, NARROW, BOTH, BOTH.replace(*SOFTER[1:])]
+
+
+def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, tmp_path):
+    crew = Crew()
+    with ledger_of(tmp_path, "bob") as bobs:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), Landscape(), verify_every=0).step()
+        gossip(bobs, book)
+    meanwhile: list = []
+    landscape = Meanwhile(NARROW, lambda: meanwhile.append(second.step()))
+    first = researcher(book, alice, tmp_path / "gpu0", Scripted(), landscape, verify_every=1,
+                       crew=crew)  # fmt: skip
+    second = researcher(book, alice, tmp_path / "gpu1", Edits(SOFTER), landscape, verify_every=1,
+                        crew=crew, seed=1)  # fmt: skip
+    first.start()
+    second.start()
+    checked = first.step()  # verifies bob's claim; meanwhile the second worker researches instead
+    assert isinstance(checked, Verified) and checked.verdict == "confirm"
+    assert [type(s) for s in meanwhile] == [Step] and meanwhile[0].outcome == "discard"
+    assert landscape.runs.count(NARROW) == 1
+    assert [f.kind for f in first.published + second.published] == ["verification", "result"]

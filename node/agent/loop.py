@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node import consensus, wire
 from node.agent.errors import AgentError, PatchError
@@ -20,6 +21,9 @@ from node.agent.proposers import Proposal, Proposer, context_from_ledger
 from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import Profile, RunResult, TokenData, policy, run_experiment
+
+if TYPE_CHECKING:
+    from node.agent.crew import Crew
 
 Check = Callable[[str], None]  # raises AgentError (or a subclass) when a train.py may not run
 
@@ -60,10 +64,11 @@ def research_step(
     ledger: Ledger, me: Identity, proposer: Proposer, head: Head, margin: float, profile: Profile,
     data: TokenData, work_dir: Path, *, program: str = "", seed: int = 0,
     check: Check | None = policy_check, on_event: Callable[[dict], None] = lambda _: None,
-    run: Callable[..., RunResult] = run_experiment,
+    run: Callable[..., RunResult] = run_experiment, crew: Crew | None = None,
 ) -> Step:  # fmt: skip
     """Propose a change of `head`, check it, run it, keep it only when it beats the head's own
-    score by more than `margin`, and publish a signed result of the run."""
+    score by more than `margin`, and publish a signed result of the run. With a `crew`, a change
+    that another worker of the node has in hand is refused."""
     context = context_from_ledger(
         ledger, head.source, profile.name, program, me=me.peer_id, parent_val_bpb=head.val_bpb
     )
@@ -78,26 +83,33 @@ def research_step(
             raise PatchError(f"the change {diff_hash(diff)[:12]} was already tried on this head")
         if check is not None:
             check(proposal.source)
+        key = ("try", head.sha256, diff_hash(diff))
+        if crew is not None and not crew.take(*key):
+            raise PatchError(f"the change {key[2][:12]} is running on another worker of this node")
     except AgentError as exc:
         return Step("refused", head, reason=str(exc))
-    child = ledger.add_version(proposal.source.encode())
-    started = int(time.time() * 1000)
-    run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}-s{seed}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    script = run_dir.with_suffix(".py")
-    script.write_text(proposal.source)
-    result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
-    score = result.val_bpb if result.outcome == "ok" else None
-    outcome = consensus.keep_or_discard(score, head.val_bpb, margin)
-    body = wire.result_body_from_run(
-        result.as_dict(), parent=head.sha256, diff=diff.encode(), description=proposal.description,
-        keep=outcome == "keep",
-    )  # fmt: skip
-    fact = ledger.publish(me, "result", body)
-    ledger.record_run(
-        started=started, finished=int(time.time() * 1000), profile=profile.name,
-        parent=head.sha256, child=child, outcome=outcome, val_bpb=score,
-        description=proposal.description, log_path=str(run_dir / "log.txt"), fact_id=fact.id,
-    )  # fmt: skip
+    try:
+        child = ledger.add_version(proposal.source.encode())
+        started = int(time.time() * 1000)
+        run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}-s{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        script = run_dir.with_suffix(".py")
+        script.write_text(proposal.source)
+        result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
+        score = result.val_bpb if result.outcome == "ok" else None
+        outcome = consensus.keep_or_discard(score, head.val_bpb, margin)
+        body = wire.result_body_from_run(
+            result.as_dict(), parent=head.sha256, diff=diff.encode(), description=proposal.description,
+            keep=outcome == "keep",
+        )  # fmt: skip
+        fact = ledger.publish(me, "result", body)
+        ledger.record_run(
+            started=started, finished=int(time.time() * 1000), profile=profile.name,
+            parent=head.sha256, child=child, outcome=outcome, val_bpb=score,
+            description=proposal.description, log_path=str(run_dir / "log.txt"), fact_id=fact.id,
+        )  # fmt: skip
+    finally:
+        if crew is not None:
+            crew.drop(*key)
     new_head = Head(proposal.source, score) if outcome == "keep" and score is not None else head
     return Step(outcome, new_head, proposal.description, result.error or "", result, fact)

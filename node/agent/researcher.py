@@ -15,9 +15,11 @@ from pathlib import Path
 
 from node import wire
 from node.agent import adoption
-from node.agent.errors import AgentError
+from node.agent.crew import Crew
+from node.agent.errors import AgentError, PatchError
 from node.agent.loop import Check, Head, Step, policy_check, research_step
-from node.agent.proposers import Proposer
+from node.agent.patch import check_source, merge
+from node.agent.proposers import Proposal, Proposer
 from node.agent.verifier import Verified, ledger_claims_to_verify, verify_claim
 from node.consensus import noise_margin
 from node.identity import Identity
@@ -28,7 +30,8 @@ from node.trainer.compile_cache import CompileCache
 
 class Researcher:
     """One research worker on one profile. `verify_every`: every n-th step verifies a peer's
-    claim when one is open (0: never). `noise_runs`: baseline runs behind the noise margin."""
+    claim when one is open (0: never). `noise_runs`: baseline runs behind the noise margin.
+    `crew`: what the node's other workers (one per GPU) share with this one."""
 
     def __init__(
         self, ledger: Ledger, me: Identity, proposer: Proposer, profile: Profile,
@@ -37,7 +40,7 @@ class Researcher:
         check: Check | None = policy_check, publish: Callable[[wire.Fact], None] = lambda _: None,
         run: Callable[..., RunResult] = run_experiment, status_path: Path | None = None,
         trusted: Callable[[str], bool] | None = None, trust: Collection[str] = (),
-        compile_cache: CompileCache | None = None,
+        compile_cache: CompileCache | None = None, crew: Crew | None = None,
     ) -> None:  # fmt: skip
         self.ledger, self.me, self.profile, self.data = ledger, me, profile, data
         self.work_dir, self.quorum, self.program = Path(work_dir), quorum, program
@@ -49,6 +52,7 @@ class Researcher:
         # Whose code may add to the node's compiled kernels: its own and that of peers trusted by key.
         self.writers = frozenset(trust) | {me.peer_id}
         self.compile_cache = compile_cache
+        self.crew = crew or Crew()
         self._researching = False
         self.proposer = adoption.QueuedProposer(proposer)
         self.baseline_source = baseline_source
@@ -126,6 +130,7 @@ class Researcher:
                 break
             seen.add(rows[0]["child"])
             self.head = Head(source.decode(), self.score(source.decode()))
+            self.crew.kept(self.head)
         self._set("ready")
 
     def _adopt(self) -> None:
@@ -155,18 +160,51 @@ class Researcher:
         )
         self.proposer.queue_for(self.head.source, merges)
 
+    def _kept_parent(self, child: str) -> str | None:
+        """The parent of the first kept result that made `child` on the profile; None: none did."""
+        rows = self.ledger.rows(
+            "SELECT parent FROM results WHERE child = ? AND profile = ? AND outcome = 'keep' "
+            "ORDER BY time LIMIT 1",
+            (child, self.profile.name),
+        )
+        return rows[0]["parent"] if rows else None
+
     def _builds_on(self, version: str, ancestor: str) -> bool:
         """Whether `version` descends from `ancestor` through kept results in the ledger."""
+        return adoption.descends_from(version, ancestor, self._kept_parent)
 
-        def kept_parent(child: str) -> str | None:
-            rows = self.ledger.rows(
-                "SELECT parent FROM results WHERE child = ? AND profile = ? AND outcome = 'keep' "
-                "ORDER BY time LIMIT 1",
-                (child, self.profile.name),
-            )
-            return rows[0]["parent"] if rows else None
-
-        return adoption.descends_from(version, ancestor, kept_parent)
+    def _follow_crew(self) -> None:
+        """Move to another worker's keep when it beats this worker's head and builds on the head
+        the node adopted. A keep of this worker's own that the new head lacks is queued as a
+        three-way merge onto it, so that wins made side by side add up."""
+        assert self.head is not None
+        mine = self.head
+        better = next(
+            (k for k in self.crew.keeps() if k.val_bpb < mine.val_bpb
+             and self._builds_on(k.sha256, self.adopted or self.baseline)
+             and not self._builds_on(mine.sha256, k.sha256)),
+            None,
+        )  # fmt: skip
+        if better is None:
+            return
+        self.head = better
+        ancestor: str | None = mine.sha256  # where this worker's lineage left the new head's
+        while ancestor is not None and not self._builds_on(better.sha256, ancestor):
+            ancestor = self._kept_parent(ancestor)
+        base = self.ledger.version(ancestor) if ancestor not in (None, mine.sha256) else None
+        merged = merge(base.decode(), better.source, mine.source) if base is not None else None
+        if merged is None or merged == better.source:
+            return
+        try:
+            check_source(merged)
+        except PatchError:
+            return
+        rows = self.ledger.rows(
+            "SELECT description FROM results WHERE child = ? LIMIT 1", (mine.sha256,)
+        )
+        what = rows[0]["description"] if rows else "this worker's keep"
+        merged_in = Proposal(f"{adoption.MERGE_PREFIX}{mine.sha256[:12]}: {what}", merged)
+        self.proposer.queue_for(better.source, [merged_in])
 
     def step(self) -> Step | Verified:
         """One experiment: a verification of a peer's claim (every `verify_every`-th step, when
@@ -177,6 +215,7 @@ class Researcher:
             self.start()
         assert self.head is not None and self.margin is not None
         self._adopt()
+        self._follow_crew()
         self.steps += 1
         self.pending = len(self._open_claims(limit=1000))
         if self.verify_every and self.steps % self.verify_every == 0:
@@ -189,12 +228,14 @@ class Researcher:
             step = research_step(
                 self.ledger, self.me, self.proposer, self.head, self.margin, self.profile,
                 self.data, self.work_dir, program=self.program, seed=self._next_seed(),
-                check=self.check, on_event=self._event, run=self._run,
+                check=self.check, on_event=self._event, run=self._run, crew=self.crew,
             )  # fmt: skip
         finally:
             self._researching = False
         if step.fact is not None:
             self.publish(step.fact)
+        if step.outcome == "keep":
+            self.crew.kept(step.head)
         self.head = step.head
         self._set(f"{step.outcome}: {step.description or step.reason}"[:200])
         if step.outcome == "refused" and self.verify_every:
@@ -217,7 +258,10 @@ class Researcher:
         return claims[:limit]
 
     def _verify_one(self) -> Verified | None:
-        for claim in self._open_claims(limit=3):
+        busy = self.crew.in_hand("verify")  # claims another worker of this node is verifying
+        for claim in [c for c in self._open_claims(limit=3 + len(busy)) if c["id"] not in busy][:3]:
+            if not self.crew.take("verify", claim["id"]):
+                continue
             parent_scores = self.own_scores(claim["parent"])
             self._set(f"verify {claim['id'][:12]} by {claim['author'][-6:]}")
             try:
@@ -230,6 +274,8 @@ class Researcher:
             except AgentError as exc:
                 self._set(f"cannot verify {claim['id'][:12]}: {exc}"[:200])
                 continue
+            finally:
+                self.crew.drop("verify", claim["id"])
             self.publish(verified.fact)
             self._set(f"{verified.verdict}: {claim['id'][:12]} by {claim['author'][-6:]}")
             return verified

@@ -1,0 +1,51 @@
+"""What the research workers of one node share (one worker per GPU, each in its own thread): the
+experiments in hand, so that no two of them run the same one at once, and the node's own kept
+versions, so that they build on one lineage instead of one each.
+
+A node's own keeps need no quorum among its workers: they are the node's own measurements on
+identical devices. What the swarm adopts still needs peers other than the node.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from node.agent.loop import Head
+
+
+class Crew:
+    """Thread-safe; a node with one worker has a crew of one, and nothing changes for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._in_hand: set[tuple[str, ...]] = set()
+        self._kept: dict[str, Head] = {}  # sha256 -> the version as its worker scored it
+
+    def take(self, *key: str) -> bool:
+        """Take an experiment in hand (a verification: ("verify", result id); a change: ("try",
+        parent, diff hash)); False when another worker has it in hand now."""
+        with self._lock:
+            if key in self._in_hand:
+                return False
+            self._in_hand.add(key)
+            return True
+
+    def drop(self, *key: str) -> None:
+        """The experiment is over: its result, if any, is in the ledger."""
+        with self._lock:
+            self._in_hand.discard(key)
+
+    def in_hand(self, kind: str) -> set[str]:
+        """What the workers have in hand now of one kind: result ids for "verify"."""
+        with self._lock:
+            return {key[1] for key in self._in_hand if key[0] == kind}
+
+    def kept(self, head: Head) -> None:
+        """A worker kept `head`: its siblings may build on it."""
+        with self._lock:
+            self._kept[head.sha256] = head
+
+    def keeps(self) -> list[Head]:
+        """The node's kept versions, the best (lowest own val_bpb) first, ties by hash."""
+        with self._lock:
+            return sorted(self._kept.values(), key=lambda h: (h.val_bpb, h.sha256))
