@@ -398,8 +398,10 @@ class Edits:
 
     def __init__(self, *edits: tuple[str, str, str]) -> None:
         self.edits = list(edits)
+        self.seen: list[Context] = []
 
     def propose(self, context: Context) -> Proposal:
+        self.seen.append(context)
         what, old, new = self.edits.pop(0)
         assert old in context.train_py
         return Proposal(what, context.train_py.replace(old, new))
@@ -432,7 +434,8 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
             Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as two:  # fmt: skip
         first = researcher(one, alice, tmp_path / "gpu0", Edits(NARROWER, SOFTER), landscape,
                            verify_every=0, crew=crew)  # fmt: skip
-        second = researcher(two, alice, tmp_path / "gpu1", Edits(NARROWER, FEWER_STEPS), landscape,
+        second_edits = Edits(NARROWER, FEWER_STEPS)
+        second = researcher(two, alice, tmp_path / "gpu1", second_edits, landscape,
                             verify_every=0, crew=crew, seed=1)  # fmt: skip
         first.start()
         second.start()
@@ -442,6 +445,10 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
         assert first.step().outcome == "keep"
         assert [s.outcome for s in meanwhile] == ["refused", "keep"]
         assert "running on another worker of this node" in meanwhile[0].reason
+        # What it was shown says so, so that a model proposes something else.
+        assert [(a.outcome, a.description) for a in second_edits.seen[0].history] == [
+            ("running", "MLP_RATIO 4 -> 3")
+        ]
         assert landscape.runs.count(NARROW) == 1 and meanwhile[1].head.source == FOUR_STEPS
 
         # The first worker's keep is better: the second moves onto it and merges its own win in.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 from node.agent.loop import Head
+from node.agent.proposers import Attempt
 
 
 class Crew:
@@ -18,27 +19,36 @@ class Crew:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._in_hand: set[tuple[str, ...]] = set()
+        self._in_hand: dict[tuple[str, ...], str] = {}  # key -> what it is, in a line
         self._kept: dict[str, Head] = {}  # sha256 -> the version as its worker scored it
 
-    def take(self, *key: str) -> bool:
+    def take(self, *key: str, what: str = "") -> bool:
         """Take an experiment in hand (a verification: ("verify", result id); a change: ("try",
         parent, diff hash)); False when another worker has it in hand now."""
         with self._lock:
             if key in self._in_hand:
                 return False
-            self._in_hand.add(key)
+            self._in_hand[key] = what
             return True
 
     def drop(self, *key: str) -> None:
         """The experiment is over: its result, if any, is in the ledger."""
         with self._lock:
-            self._in_hand.discard(key)
+            self._in_hand.pop(key, None)
 
     def in_hand(self, kind: str) -> set[str]:
         """What the workers have in hand now of one kind: result ids for "verify"."""
         with self._lock:
             return {key[1] for key in self._in_hand if key[0] == kind}
+
+    def running(self, parent: str) -> tuple[Attempt, ...]:
+        """The changes of `parent` that workers are running now, as a proposer's history shows
+        them: so that it proposes something else."""
+        with self._lock:
+            return tuple(
+                Attempt(what, "running", None, key[2], by="this node, on another GPU")
+                for key, what in self._in_hand.items() if key[:2] == ("try", parent)
+            )  # fmt: skip
 
     def kept(self, head: Head) -> None:
         """A worker kept `head`: its siblings may build on it."""

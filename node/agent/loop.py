@@ -7,6 +7,7 @@ gossips the fact it returns.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -72,6 +73,8 @@ def research_step(
     context = context_from_ledger(
         ledger, head.source, profile.name, program, me=me.peer_id, parent_val_bpb=head.val_bpb
     )
+    if crew is not None:  # what the node's other workers are running now
+        context = dataclasses.replace(context, history=crew.running(head.sha256) + context.history)
     try:
         proposal = proposer.propose(context)
         diff = normalise_diff(make_diff(head.source, proposal.source))
@@ -79,13 +82,16 @@ def research_step(
         # are not part of a change, so two peers' spellings of one change give one version.
         proposal = Proposal(proposal.description, apply_diff(head.source, diff))
         check_source(proposal.source)
-        if diff_hash(diff) in context.tried_hashes:
-            raise PatchError(f"the change {diff_hash(diff)[:12]} was already tried on this head")
+        key = ("try", head.sha256, diff_hash(diff))
+        running = f"the change {key[2][:12]} is running on another worker of this node"
+        if key[2] in {a.diff_hash for a in context.history if a.outcome == "running"}:
+            raise PatchError(running)
+        if key[2] in context.tried_hashes:
+            raise PatchError(f"the change {key[2][:12]} was already tried on this head")
         if check is not None:
             check(proposal.source)
-        key = ("try", head.sha256, diff_hash(diff))
-        if crew is not None and not crew.take(*key):
-            raise PatchError(f"the change {key[2][:12]} is running on another worker of this node")
+        if crew is not None and not crew.take(*key, what=proposal.description):
+            raise PatchError(running)
     except AgentError as exc:
         return Step("refused", head, reason=str(exc))
     try:
