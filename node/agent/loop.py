@@ -105,8 +105,8 @@ def research_step(
         score = result.val_bpb if result.outcome == "ok" else None
         outcome = consensus.keep_or_discard(score, head.val_bpb, margin)
         body = wire.result_body_from_run(
-            result.as_dict(), parent=head.sha256, diff=diff.encode(), description=proposal.description,
-            keep=outcome == "keep",
+            result.as_dict(), parent=head.sha256, diff=diff.encode(),
+            description=proposal.description, keep=outcome == "keep",
         )  # fmt: skip
         fact = ledger.publish(me, "result", body)
         ledger.record_run(

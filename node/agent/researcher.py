@@ -189,7 +189,11 @@ class Researcher:
             return
         self.head = better
         ancestor: str | None = mine.sha256  # where this worker's lineage left the new head's
+        seen: set[str] = set()
         while ancestor is not None and not self._builds_on(better.sha256, ancestor):
+            if ancestor in seen:  # parent links may loop
+                return
+            seen.add(ancestor)
             ancestor = self._kept_parent(ancestor)
         base = self.ledger.version(ancestor) if ancestor not in (None, mine.sha256) else None
         merged = merge(base.decode(), better.source, mine.source) if base is not None else None
