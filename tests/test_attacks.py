@@ -223,7 +223,8 @@ ATTACKS = {
         + (
             "import node.trainer.scorer as scorer\n"
             "scorer.evaluate_bpb = lambda *a, **k: {'val_bpb': 0.01, 'eval_tokens': 8192, 'eval_bytes': 1, 'eval_nats': 0.0}\n"
-            "scorer.check_causal = lambda *a, **k: None\n" + UNTRAINED + "S.finish(model)\n"
+            "import node.trainer.causality as causality\n"
+            "causality.Checker.check_batch = lambda *a, **k: None\n" + UNTRAINED + "S.finish(model)\n"
         ),
     ),
     "hands the scorer a model file that runs code": (True, PROBE + UNTRAINED + POISONED_EXPORT),
@@ -318,11 +319,11 @@ ENDS = {
     "forges result.json in its folder": ("ok", None),
     "prints a fake score": ("ok", None),
     "monkeypatches the scorer in its own process": ("ok", None),
-    "writes a fake score to the status channel": ("crash", "only the scorer scores"),
-    "hands the scorer a model file that runs code": ("crash", "the model file does not load"),
-    "looks ahead at future tokens": ("crash", "the model looks ahead"),
+    "writes a fake score to the status channel": ("void", "only the scorer scores"),
+    "hands the scorer a model file that runs code": ("void", "the model file does not load"),
+    "looks ahead at future tokens": ("void", "the model looks ahead"),
     "counts its calls to tell the check from the score": (
-        "crash",
+        "void",
         "writes into its own weights, buffers or input",
     ),
     "asks for memory without end": ("crash", "exited with code 1"),
@@ -609,5 +610,7 @@ def test_the_scorer_refuses_a_graph_that_reads_files_or_keeps_state(tmp_path):
         _check_graph(torch.export.export(Printing(), (x,), strict=False))
 
 
-def test_the_harness_hash_covers_the_scorer():
-    assert "scorer.py" in runner_module.HARNESS_FILES
+def test_the_harness_hash_covers_the_scorer_and_the_look_ahead_check():
+    names = {p.name for p in runner_module.harness_files()}
+    assert {"scorer.py", "causality.py", "harness.py", "runner.py"} <= names
+    assert "train.py" not in names

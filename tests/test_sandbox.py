@@ -197,7 +197,7 @@ def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, sma
     script.write_text(peeking)
     profile = dataclasses.replace(get_profile("test"), budget_seconds=2)
     result = run_experiment(script, profile, small_data, tmp_path / "run")
-    assert result.outcome == "crash" and result.val_bpb is None
+    assert result.outcome == "void" and result.val_bpb is None
     assert result.error.startswith("refused by the harness: the model looks ahead")
 
 

@@ -42,20 +42,37 @@ class Session:
         self.profile_name: str = config["profile"]["name"]
         self.seq_len: int = config["profile"]["seq_len"]
         self.vocab_size: int = config["data"]["vocab_size"]
-        self.budget_seconds: float = config["profile"]["budget_seconds"]
         self.seed: int = config["seed"]
         self.device = torch.device(config["profile"]["device"])
+        self._budget: float = config["profile"]["budget_seconds"]
         self._status = status
         self._warmup = config["profile"]["warmup_batches"]
         self._train = np.memmap(config["data"]["train_path"], dtype=np.uint16, mode="r")
         self._rng = np.random.default_rng(self.seed)
         self._clock_start: float | None = None
         self._last_progress = 0.0
-        self.steps = 0
-        self.tokens = 0
-        self.warmup_tokens = 0
-        self.train_seconds = 0.0
-        self.finished = False
+        self._steps = 0
+        self._tokens = 0
+        self._warmup_tokens = 0
+        self._last_batch = 0.0  # budget seconds spent when the last counted batch was served
+        self._finished = False
+
+    # What train.py reads of the count is a view: the counts are the harness's own.
+    budget_seconds = property(lambda self: self._budget, doc="training budget, in seconds")
+    steps = property(lambda self: self._steps, doc="batches served so far, warm-up included")
+    tokens = property(lambda self: self._tokens, doc="tokens served so far, warm-up included")
+    warmup_tokens = property(lambda self: self._warmup_tokens, doc="tokens of the warm-up")
+    finished = property(lambda self: self._finished, doc="whether finish() was called")
+
+    def counts(self) -> dict:
+        """What the harness counted so far, for the runner's result."""
+        return {
+            "steps": self._steps,
+            "tokens": self._tokens,
+            "warmup_tokens": self._warmup_tokens,
+            "train_seconds": self.elapsed(),
+            "last_batch_seconds": self._last_batch,
+        }
 
     # -- events to the runner ----------------------------------------------------------------
     def _emit(self, event: str, **fields) -> None:
@@ -69,63 +86,58 @@ class Session:
 
     def progress(self) -> float:
         """Share of the training budget spent, from 0 to 1: drive schedules with it."""
-        return min(self.elapsed() / self.budget_seconds, 1.0)
+        return min(self.elapsed() / self._budget, 1.0)
 
     # -- data --------------------------------------------------------------------------------
     def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Training batches (inputs, targets), each `batch_size` x `seq_len`, until the budget ends.
 
-        The first `warmup_batches` are untimed, so compilation costs every version the same;
-        the clock starts when the next one is asked for, and the batches stop when it runs out.
+        The first `warmup_batches` are untimed, so that compilation costs every version the same,
+        and hold uniformly random tokens, not text: training on them learns nothing about the
+        data. The clock starts when the next batch is asked for, the batches stop when it has
+        run the budget out, and it stops only at `finish()`: work after the last batch counts.
         """
         span = self.seq_len + 1
         starts_per_epoch = (len(self._train) - 1) // span
         if starts_per_epoch < batch_size:
             raise ValueError(f"batch of {batch_size} sequences is larger than the training data")
         order = self._rng.permutation(starts_per_epoch)
+        noise = np.random.default_rng([self.seed, 1])  # the warm-up's tokens: never the data's
         cursor = 0
         pinned = self.device.type == "cuda"
         while True:
-            if self.steps == self._warmup:
-                if self._clock_start is None:
-                    self._sync()
-                    self._clock_start = time.perf_counter()
-                    self.warmup_tokens = self.tokens
-                    self._emit("train_start", warmup_tokens=self.tokens)
-            if self._clock_start is not None and self.elapsed() >= self.budget_seconds:
+            if self._steps >= self._warmup and self._clock_start is None:
+                self._sync()
+                self._clock_start = time.perf_counter()
+                self._warmup_tokens = self._tokens
+                self._emit("train_start", warmup_tokens=self._tokens)
+            if self._clock_start is not None and self.elapsed() >= self._budget:
                 break
-            if cursor + batch_size > len(order):
-                order, cursor = self._rng.permutation(starts_per_epoch), 0
-            rows = np.sort(order[cursor : cursor + batch_size]) * span
-            cursor += batch_size
-            chunk = np.stack([self._train[r : r + span] for r in rows]).astype(np.int64)
+            if self._clock_start is None:
+                chunk = noise.integers(0, self.vocab_size, size=(batch_size, span), dtype=np.int64)
+            else:
+                if cursor + batch_size > len(order):
+                    order, cursor = self._rng.permutation(starts_per_epoch), 0
+                rows = np.sort(order[cursor : cursor + batch_size]) * span
+                cursor += batch_size
+                chunk = np.stack([self._train[r : r + span] for r in rows]).astype(np.int64)
+                self._last_batch = self.elapsed()
             tensor = torch.from_numpy(chunk)
             if pinned:
                 tensor = tensor.pin_memory().to(self.device, non_blocking=True)
-            self.steps += 1
-            self.tokens += batch_size * self.seq_len
+            self._steps += 1
+            self._tokens += batch_size * self.seq_len
             self._maybe_progress()
             yield tensor[:, :-1], tensor[:, 1:]
         self._sync()
-        self.train_seconds = self.elapsed()
-        self._emit(
-            "train_end",
-            steps=self.steps,
-            tokens=self.tokens,
-            warmup_tokens=self.warmup_tokens,
-            train_seconds=self.train_seconds,
-        )
+        self._emit("train_end", **self.counts())
 
     def _maybe_progress(self) -> None:
         now = time.perf_counter()
         if now - self._last_progress >= PROGRESS_EVERY:
             self._last_progress = now
             self._emit(
-                "progress",
-                steps=self.steps,
-                tokens=self.tokens,
-                elapsed=self.elapsed(),
-                progress=self.progress(),
+                "progress", **self.counts(), elapsed=self.elapsed(), progress=self.progress()
             )
 
     def _sync(self) -> None:
@@ -139,14 +151,15 @@ class Session:
         The harness counts its FLOPs, exports it (the uncompiled module, at the evaluation's
         input shape) to the run folder, reports, and exits; nothing after this call runs.
         """
-        if self.finished:
+        if self._finished:
             raise RuntimeError("session.finish() was called twice")
         if self._clock_start is None:
             raise RuntimeError(
                 "train.py finished before its budget started: iterate session.batches() to the end"
             )
-        self.finished = True
-        self._emit("eval_start")
+        self._sync()
+        self._finished = True
+        self._emit("eval_start", **self.counts())  # the clock stops here, not at the last batch
         model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: export what it wraps
         # Modules compiled in place (Module.compile) run eager from here: new input shapes would
         # compile them again, seconds spent on nothing the score needs.

@@ -30,6 +30,7 @@ from node.trainer.sandbox import (
 
 PACKAGE = Path(__file__).resolve().parents[1]  # node/: both processes import the harness from it
 SCORER_EVENTS = frozenset({"result", "refused"})  # what only the scorer may report
+REFUSED = "refused by the harness: "  # how a void run's error begins when the harness caught it
 Event = dict
 OnEvent = Callable[[Event], None]
 
@@ -219,7 +220,7 @@ def watch(
                     if name in SCORER_EVENTS:
                         seen.setdefault(
                             "error",
-                            f"refused by the harness: the training process sent a {name!r} "
+                            f"{REFUSED}the training process sent a {name!r} "
                             f"event of its own; only the scorer scores",
                         )
                     continue
@@ -236,7 +237,7 @@ def watch(
                 elif name == "result":
                     seen["result_at"] = now
                 elif name == "refused":  # the scorer caught the model cheating
-                    seen.setdefault("error", f"refused by the harness: {event.get('reason', '')}")
+                    seen.setdefault("error", f"{REFUSED}{event.get('reason', '')}")
                 elif name == "export_failed":
                     seen.setdefault(
                         "error",

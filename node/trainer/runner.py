@@ -23,26 +23,15 @@ from node.trainer.compile_cache import IN_SANDBOX, CompileCache, environment
 from node.trainer.data import TokenData
 from node.trainer.errors import TrainerError
 from node.trainer.policy import check_source
-from node.trainer.process import PACKAGE, Event, OnEvent, Run, give_back
+from node.trainer.process import PACKAGE, REFUSED, Event, OnEvent, Run, give_back
 from node.trainer.profiles import Profile
 from node.trainer.sandbox import sandbox_available, sandbox_uid
 from node.trainer.scoring import MODEL_FILE, Scoring
 
-HARNESS_FILES = (
-    "compile_cache.py",
-    "corpus.py",
-    "data.py",
-    "harness.py",
-    "policy.py",
-    "process.py",
-    "profiles.py",
-    "runner.py",
-    "sandbox.py",
-    "scorer.py",
-    "scoring.py",
-    "tokenizer.py",
-    "webdata.py",
-)
+# The harness's version: move it whenever a file that prepares data, times or scores changes
+# (tests/test_harness_version.py fails until it moves), so that results measured by another
+# harness never compare with this one's.
+HARNESS_VERSION = "2026.12.1"
 # What the training process may report; anything else on its pipe is ignored, and a score from
 # it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(
@@ -54,18 +43,39 @@ LOG_TAIL_LINES = 40
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12}
 
 
-def harness_sha256() -> str:
-    """Hash of the code that prepares data, times and scores: results with another hash never compare."""
-    digest = hashlib.sha256()
+def harness_files() -> list[Path]:
+    """Every file of the harness: all of the trainer's code but the `train.py` agents edit."""
     here = Path(__file__).parent
-    for name in HARNESS_FILES:
-        digest.update(name.encode() + b"\0" + (here / name).read_bytes() + b"\0")
+    return sorted(p for p in here.glob("*.py") if p.name != "train.py")
+
+
+def harness_files_sha256() -> str:
+    """Hash of the harness's files, by name and content."""
+    digest = hashlib.sha256()
+    for path in harness_files():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def harness_sha256() -> str:
+    """The harness's identity, its version and its files: results with another never compare."""
+    return hashlib.sha256(f"{HARNESS_VERSION}\0{harness_files_sha256()}".encode()).hexdigest()
+
+
+# Training may run past its budget by this much before the run is void: the last step, which
+# began before the budget ran out (on a GPU the host queues work up to a few steps ahead of
+# the device, and the harness waits for it), and a pause of the process on a busy machine.
+SLACK_STEPS = 4
+SLACK_SECONDS = 0.25  # on the harness's own clock, in the training process
+RUNNER_SLACK_SECONDS = 2.0  # on the runner's clock, two processes and a pipe apart: a coarse guard
 
 
 @dataclass
 class RunResult:
-    """One experiment's measurements; `outcome` is "ok" or "crash" (with `error` and the log tail)."""
+    """One experiment's measurements. `outcome` is "ok"; "crash" (it failed: `error` and the log
+    tail say how); or "void": it ran, but broke the rules of the measurement (its model looked
+    ahead or across rows, it trained past its budget, its counts contradict its score), and
+    `error` says which. A void run has no score."""
 
     outcome: str
     val_bpb: float | None
@@ -85,6 +95,8 @@ class RunResult:
     launch_seconds: float | None = None  # of the start-up: sandbox, interpreter, torch, device
     eval_seconds: float | None = None
     eval_tokens: int | None = None
+    check_seconds: float | None = None  # of the evaluation: the scorer's look-ahead check
+    check_tokens: int | None = None
     params: int | None = None
     flops_per_token: float | None = None
     device_name: str | None = None
@@ -266,45 +278,82 @@ def _refused(violations: list, base: dict) -> RunResult:
     )
 
 
+def _counts(seen: dict) -> dict:
+    """The harness's counts at the latest event that carried them: finish, the end of the
+    batches, or the last progress (a run that never finished)."""
+    for name in ("eval_start", "train_end", "progress"):
+        if "steps" in seen.get(name, {}):
+            return seen[name]
+    return {}
+
+
+def _void(counts: dict, profile: Profile, train_seconds: float) -> str | None:
+    """Why a scored run breaks the rules of the measurement, or None."""
+    timed_steps = counts.get("steps", 0) - profile.warmup_batches
+    timed_tokens = counts.get("tokens", 0) - counts.get("warmup_tokens", 0)
+    if timed_steps <= 0 or timed_tokens <= 0:
+        return (
+            f"a score but no counted training ({counts.get('steps', 0)} batches, "
+            f"{timed_tokens} timed tokens); a run must train on session().batches()"
+        )
+    step = counts.get("last_batch_seconds", 0.0) / max(timed_steps - 1, 1)
+    for clock, seconds, floor in (
+        ("the harness's", counts.get("train_seconds", 0.0), SLACK_SECONDS),
+        ("the runner's", train_seconds, RUNNER_SLACK_SECONDS),
+    ):
+        slack = SLACK_STEPS * step + floor
+        if seconds > profile.budget_seconds + slack:
+            return (
+                f"training ran {seconds:.2f} s on {clock} clock, past the budget of "
+                f"{profile.budget_seconds:g} s by more than {slack:.2f} s ({SLACK_STEPS} steps of "
+                f"{step:.3f} s and {floor:g} s); the clock runs until session().finish(model)"
+            )
+    return None
+
+
 def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResult:
-    end, exported = seen.get("train_end", {}), seen.get("exported", {})
+    counts, exported = _counts(seen), seen.get("exported", {})
     score = seen.get("score", {})
     result = score.get("result", {})
     train_seconds = seen.get("train_seconds", 0.0)
-    timed_tokens = end.get("tokens", 0) - end.get("warmup_tokens", 0)
+    timed_tokens = counts.get("tokens", 0) - counts.get("warmup_tokens", 0)
     tps = timed_tokens / train_seconds if train_seconds > 0 and timed_tokens > 0 else None
     flops, device_name = exported.get("flops_per_token"), exported.get("device_name")
     peak = _peak_flops(device_name)
     mfu = flops * tps / peak if flops and tps and peak else None
-    error = seen.get("error")
     val_bpb = result.get("val_bpb")
-    if error is None and seen.get("returncode") != 0:
+    error = seen.get("error")
+    void = None
+    if error and error.startswith(REFUSED):  # it forged a score of its own
+        void, error = error, None
+    if void is None and error is None and seen.get("returncode") != 0:
         error = f"train.py exited with code {seen.get('returncode')}"
         if seen.get("returncode") == -signal.SIGKILL:
             error += " (killed: out of memory?)"
-    if error is None and not exported:
+    if void is None and error is None and not exported:
         error = "no score: train.py ended without handing its model to session().finish(model)"
-    error = error or score.get("error")
-    if error is None and score.get("returncode") != 0:
-        error = f"the scorer exited with code {score.get('returncode')}"
-    if error is None and val_bpb is None:
-        error = "no score: the scorer reported none"
-    if error is None and not math.isfinite(val_bpb):
-        error = f"val_bpb is {val_bpb}: the model diverged (NaN or infinite loss)"
-    if error is None and train_seconds > profile.budget_seconds + profile.grace_seconds:
-        error = (
-            f"training ran {train_seconds:.1f} s, past the budget of {profile.budget_seconds:.0f} s"
-        )
+    if void is None and error is None and "refused" in score:  # the scorer caught it
+        void = score.get("error")
+    error = None if void else error or score.get("error")
+    if void is None and error is None:
+        if score.get("returncode") != 0:
+            error = f"the scorer exited with code {score.get('returncode')}"
+        elif val_bpb is None:
+            error = "no score: the scorer reported none"
+        elif not math.isfinite(val_bpb):
+            error = f"val_bpb is {val_bpb}: the model diverged (NaN or infinite loss)"
+        else:
+            void = _void(counts, profile, train_seconds)
     eval_seconds = (
         score["result_at"] - seen["eval_started"]
         if "result_at" in score and "eval_started" in seen
         else None
     )
     return RunResult(
-        outcome="crash" if error else "ok",
-        val_bpb=None if error else val_bpb,
-        steps=end.get("steps", 0),
-        tokens=end.get("tokens", 0),
+        outcome="void" if void else "crash" if error else "ok",
+        val_bpb=None if error or void else val_bpb,
+        steps=counts.get("steps", 0),
+        tokens=counts.get("tokens", 0),
         train_seconds=round(train_seconds, 3),
         total_seconds=round(seen["total_seconds"], 3),
         peak_memory_mb=exported.get("peak_memory_mb") or seen.get("rss_mb") or None,
@@ -314,10 +363,12 @@ def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResu
         launch_seconds=seen.get("launch_seconds"),
         eval_seconds=eval_seconds,
         eval_tokens=result.get("eval_tokens"),
+        check_seconds=result.get("check_seconds"),
+        check_tokens=result.get("check_tokens"),
         params=result.get("params"),
         flops_per_token=flops,
         device_name=device_name,
-        error=error,
-        log_tail=_tail(log_path) if error else "",
+        error=void or error,
+        log_tail=_tail(log_path) if error or void else "",
         **base,
     )

@@ -14,12 +14,15 @@ import json
 import math
 import operator
 import os
+import secrets
 import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from node.trainer.causality import Checker, LookAheadError
 
 MAX_MODEL_BYTES = 16 << 30  # a model file larger than this is refused unread
 # Aten ops that read files or write to the console: a model has no business with either.
@@ -39,10 +42,6 @@ REFUSED_AUDIT_EVENTS = (
     "os.kill",
     "os.killpg",
 )
-
-
-class LookAheadError(RuntimeError):
-    """The model's predictions depend on tokens after the one being predicted."""
 
 
 class ModelRefused(RuntimeError):
@@ -177,28 +176,6 @@ def load_model(path: str, device: torch.device) -> tuple[torch.nn.Module, int]:
 # The score
 
 
-def check_causal(model, x: torch.Tensor, logits: torch.Tensor, tolerance: float = 1e-3) -> None:
-    """Change every token after a cut and require the predictions up to the cut to stay the same.
-
-    Done on the first scored batch itself, in the same mode and precision as the scoring; the
-    model is a pure function (no state), so it cannot tell the check from the evaluation.
-    """
-    cut = x.size(1) // 2
-    changed = x.clone()
-    changed[:, cut + 1 :] = (
-        x[:, cut + 1 :] + 1 + torch.randint_like(x[:, cut + 1 :], 1000)
-    ) % logits.size(-1)
-    before = logits[:, : cut + 1].float()
-    if not torch.isfinite(before).all():
-        return  # a diverged model: the score itself will say so
-    moved = (model(changed)[:, : cut + 1].float() - before).abs().max().item()
-    if not moved <= tolerance * (1 + before.abs().max().item()):
-        raise LookAheadError(
-            f"the model looks ahead: its predictions up to position {cut} changed by {moved:.3g} "
-            f"when only later tokens changed; a language model may use past tokens only"
-        )
-
-
 @torch.no_grad()
 def evaluate_bpb(
     model,
@@ -208,13 +185,15 @@ def evaluate_bpb(
     rows: int,
     batch_size: int,
     device: torch.device,
+    check: Checker | None = None,
 ) -> dict:
     """Bits per byte of `model` on the first `rows` sequences of `tokens` (their targets).
 
     Sum of per-target cross-entropy in nats, over ln 2 times the UTF-8 bytes those targets
     stand for (from each token's raw bytes); targets that are special tokens (0 bytes) are
     left out of both sums. The model maps (batch_size, seq_len) token ids to logits; a last
-    batch that is short is padded with copies of its first row, which are not counted.
+    batch that is short is padded with copies of its first row, which are not counted. `check`
+    checks every scored batch for look-ahead once the score is known to be finite.
     """
     table = torch.from_numpy(np.asarray(token_bytes, dtype=np.int64)).to(device)
     nats = torch.zeros((), dtype=torch.float64, device=device)
@@ -226,24 +205,21 @@ def evaluate_bpb(
         y = torch.from_numpy(flat[1:].reshape(count, seq_len).copy())
         if count < batch_size:
             x = torch.cat([x, x[:1].expand(batch_size - count, -1)])
+        batch = x.numpy()
         x, y = x.to(device), y.to(device)
         logits = model(x)  # no autocast: the exported graph holds its own dtypes
-        if (
-            not isinstance(logits, torch.Tensor)
-            or logits.shape[:2] != x.shape
-            or logits.dim() != 3
-        ):
+        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != x.shape or logits.dim() != 3:
             raise ModelRefused(
                 f"the model returned {type(logits).__name__} "
                 f"{tuple(getattr(logits, 'shape', ()))}; it must return (batch, seq, vocab) logits"
             )
-        if first == 0:
-            check_causal(model, x, logits)
         loss = F.cross_entropy(logits[:count].float().flatten(0, 1), y.flatten(), reduction="none")
         weight = table[y.flatten()]
         counted = weight > 0
         nats += loss[counted].double().sum()
         nbytes += weight[counted].sum()
+        if check is not None and math.isfinite(nats.item()):  # a diverged model: no score anyway
+            check.check_batch(first, batch, logits)
     total_nats, total_bytes = nats.item(), int(nbytes.item())
     bpb = total_nats / (math.log(2) * total_bytes) if total_bytes else float("nan")
     return {
@@ -252,6 +228,12 @@ def evaluate_bpb(
         "eval_bytes": total_bytes,
         "eval_nats": total_nats,
     }
+
+
+def exhaustive_rows(rows: int, seq_len: int) -> int:
+    """Rows checked at every position: about one evaluation's worth of tokens (a row costs
+    seq_len variants of seq_len tokens), at least one."""
+    return max(1, round(rows / seq_len))
 
 
 def _read_fd(fd: int, count: int, dtype) -> np.ndarray:
@@ -273,9 +255,12 @@ def main(config_json: str) -> int:
         torch.set_num_threads(config["threads"])
     if device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(config["gpu_memory_fraction"])
-        # The program was exported in float32 (autocast over it breaks its dtype checks);
-        # TF32 matmuls score it at about the speed of the bf16 training.
-        torch.backends.cuda.matmul.allow_tf32 = True
+        # The program was exported in float32 (autocast over it breaks its dtype checks), and
+        # is scored in full float32: with TF32 matmuls a row's log-probabilities moved by up to
+        # 0.0011 nats with the other rows of its batch (H200), past the look-ahead check's
+        # tolerance; in float32 they do not move.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     seq_len, rows, batch_size = config["seq_len"], config["rows"], config["batch_size"]
     tokens = _read_fd(config["tokens_fd"], rows * seq_len + 1, np.uint16)
     token_bytes = _read_fd(config["token_bytes_fd"], config["vocab_size"], np.int32)
@@ -291,7 +276,14 @@ def main(config_json: str) -> int:
     try:
         model, params = load_model(config["model"], device)
         loaded = time.perf_counter()
-        score = evaluate_bpb(model, tokens, token_bytes, seq_len, rows, batch_size, device)
+        checker = Checker(
+            model, tokens[: rows * seq_len].reshape(rows, seq_len), batch_size,
+            config["vocab_size"], device, np.random.default_rng(secrets.randbits(128)),
+            exhaustive=exhaustive_rows(rows, seq_len),
+        )  # fmt: skip
+        score = evaluate_bpb(
+            model, tokens, token_bytes, seq_len, rows, batch_size, device, check=checker
+        )
     except (LookAheadError, ModelRefused) as exc:
         emit("refused", reason=str(exc))
         return 3
@@ -301,6 +293,8 @@ def main(config_json: str) -> int:
         params=params,
         load_seconds=loaded - started,
         score_seconds=time.perf_counter() - loaded,
+        check_seconds=checker.seconds,
+        check_tokens=checker.checked_tokens,
     )
     sys.stdout.flush()
     sys.stderr.flush()
