@@ -152,8 +152,9 @@ def _print_result(result) -> None:
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
-    if result.error:
-        err_console.print(f"[bold red]crash:[/] {result.error}", highlight=False)
+    if result.error:  # void: the harness refused to score the run, it broke the rules
+        label = "void" if result.outcome == "void" else "crash"
+        err_console.print(f"[bold red]{label}:[/] {result.error}", highlight=False)
         err_console.print(result.log_tail, highlight=False, markup=False)
 
 

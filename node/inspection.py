@@ -184,6 +184,22 @@ class Outcome(str, Enum):
     keep = "keep"
     discard = "discard"
     crash = "crash"
+    void = "void"
+
+
+QuorumOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Confirmations needed from other peers (default: the campaign's, else 1)."
+    ),
+]
+
+
+def _quorum(ledger: Ledger, quorum: int | None) -> int:
+    if quorum is not None:
+        return quorum
+    campaign = ledger.rows("SELECT quorum FROM campaigns ORDER BY time LIMIT 1")
+    return campaign[0]["quorum"] if campaign else 1
 
 
 @ledger_app.command("experiments")
@@ -194,28 +210,38 @@ def experiments(
         str | None,
         typer.Option(help="Only this author: a peer id, or its tail as tables show it."),
     ] = None,
-    outcome: Annotated[Outcome | None, typer.Option(help="keep, discard or crash.")] = None,
+    outcome: Annotated[
+        Outcome | None,
+        typer.Option(help="keep, discard, crash or void (the harness refused to score it)."),
+    ] = None,
     profile: Annotated[str | None, typer.Option(help="Only this profile.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    quorum: QuorumOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Every experiment published (failures too), newest first.
+    """Every experiment published (failures too), newest first, with its verdicts: ✓ confirmed,
+    ✗ refuted, ? inconclusive, ⊘ void (a verifier's harness refused to score its re-run). A claim
+    held as an outlier for more looks says so under its description.
 
     Example: swarm ledger experiments --outcome keep --profile cpu --limit 20
     """
     with _open(home, db) as ledger:
-        rows = ledger.experiments(peer, outcome.value if outcome else None, profile, limit)
+        rows = ledger.experiments(
+            peer, outcome.value if outcome else None, profile, limit, _quorum(ledger, quorum)
+        )
     if as_json:
         _print_json(rows)
         return
     table = Table(title=f"experiments ({len(rows)} shown, newest first)")
-    for name in ("time", "peer", "profile", "outcome", "val_bpb", "child", "✓", "✗", "?", "description"):
+    columns = ("time", "peer", "profile", "outcome", "val_bpb", "child", "✓", "✗", "?", "⊘", "description")  # fmt: skip
+    for name in columns:
         table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
     for r in rows:
+        described = r["description"] + (f"\n{r['held']}" if r["held"] else "")
         table.add_row(
             _when(r["time"]), _peer(r["author"]), r["profile"], r["outcome"], _bpb(r["val_bpb"]),
             _short(r["child"]), str(r["confirmations"]), str(r["refutations"]),
-            str(r["inconclusive"]), r["description"],
+            str(r["inconclusive"]), str(r["voids"]), described,
         )  # fmt: skip
     console.print(table)
 
@@ -224,26 +250,29 @@ def experiments(
 def leaderboard(
     home: HomeOption = None,
     db: DbOption = None,
-    quorum: Annotated[int | None, typer.Option(min=1, help="Confirmations needed from other peers (default: the campaign's, else 1).")] = None,
+    quorum: QuorumOption = None,
     limit: Annotated[int, typer.Option(help="Versions shown per profile.")] = 10,
     as_json: JsonOption = False,
 ) -> None:
-    """Per profile: the best verified train.py versions, who found and who verified them.
+    """Per profile: the best verified train.py versions, who found and who verified them, and
+    the claims held back as outliers until they have more confirming looks.
 
     Verified = confirmed by at least QUORUM peers other than the author, measuring with the same
-    harness. Example: swarm ledger leaderboard --quorum 2
+    harness, and not held (a gain far beyond any verified on the profile waits for more looks).
+    --json gives the verified versions; `swarm ledger experiments --json` says which are held.
+    Example: swarm ledger leaderboard --quorum 2
     """
     with _open(home, db) as ledger:
-        if quorum is None:
-            campaign = ledger.rows("SELECT quorum FROM campaigns ORDER BY time LIMIT 1")
-            quorum = campaign[0]["quorum"] if campaign else 1
+        quorum = _quorum(ledger, quorum)
         board = ledger.leaderboard(quorum, limit)
+        held = {} if as_json else ledger.held(quorum)
     if as_json:
         _print_json(board)
         return
     if not board:
         console.print(f"no verified versions yet (quorum {quorum})")
-    for profile, rows in board.items():
+    for profile in sorted(set(board) | set(held)):
+        rows = board.get(profile, [])
         table = Table(title=f"profile {profile} (quorum {quorum})")
         for name in ("#", "val_bpb", "version", "found by", "verified by", "description"):
             table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
@@ -251,6 +280,11 @@ def leaderboard(
             table.add_row(
                 str(rank), _bpb(r["val_bpb"]), _short(r["child"]), _peer(r["found_by"]),
                 ", ".join(_peer(p) for p in r["verified_by"]), r["description"],
+            )  # fmt: skip
+        for r in held.get(profile, []):
+            table.add_row(
+                "held", _bpb(r["val_bpb"]), _short(r["child"]), _peer(r["author"]), "-",
+                f"{r['description']}\n{r['reason']}",
             )  # fmt: skip
         console.print(table)
 
@@ -299,13 +333,14 @@ def peers(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = Fa
         return
     table = Table(title=f"peers ({len(rows)})")
     table.add_column("peer", no_wrap=True, min_width=52)  # whole: people paste it into --peer
-    for name in ("first seen", "last seen", "results", "verifs", "✓ got", "✗ got", "rejected"):
+    columns = ("first seen", "last seen", "results", "verifs", "✓ got", "✗ got", "⊘ got", "rejected")  # fmt: skip
+    for name in columns:
         table.add_column(name)
     for p in rows:
         table.add_row(
             p["peer_id"], _when(p["first_seen"]), _when(p["last_seen"]), str(p["results"]),
             str(p["verifications"]), str(p["confirmations"]), str(p["refutations"]),
-            _counts(p["rejected"]),
+            str(p["voids"]), _counts(p["rejected"]),
         )  # fmt: skip
     console.print(table)
 

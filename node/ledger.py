@@ -392,11 +392,19 @@ class Ledger(LedgerQueries):
     def head_body(self) -> dict:
         """This node's `head`: what it holds, for peers that want to know what they lack.
 
-        Per author it gives n such that it holds every fact with seq 1..n: facts may arrive out
-        of order, and a peer must still send the ones below the highest that are missing here.
+        Per author it gives n such that it holds every fact with seq 1..n (`head_authors`).
         """
         ids = [r[0] for r in self.conn.execute("SELECT id FROM facts")]
-        authors = {
+        quorum = self.conn.execute("SELECT quorum FROM campaigns ORDER BY time LIMIT 1").fetchone()
+        board = self.leaderboard(quorum=quorum[0] if quorum else 1, limit=1)
+        best = {p: rows[0]["child"] for p, rows in board.items()}
+        return wire.head_body(ids, self.head_authors(), best)
+
+    def head_authors(self) -> dict[bytes, int]:
+        """Per author, the n such that this ledger holds every fact with seq 1..n: facts may
+        arrive out of order, and a peer must still send the ones below the highest that are
+        missing here. All that sync asks of a head, without the leaderboard's cost."""
+        return {
             bytes.fromhex(key): held
             for key, held in self.conn.execute(
                 "SELECT p.public_key, CASE WHEN MIN(f.seq) > 1 THEN 0 "
@@ -409,9 +417,6 @@ class Ledger(LedgerQueries):
                 (wire.MAX_HEAD_AUTHORS,),
             )
         }
-        quorum = self.conn.execute("SELECT quorum FROM campaigns ORDER BY time LIMIT 1").fetchone()
-        board = self.leaderboard(quorum=quorum[0] if quorum else 1, limit=1)
-        return wire.head_body(ids, authors, {p: rows[0]["child"] for p, rows in board.items()})
 
     def facts_missing_from(self, head: dict, per_author: int | None = None) -> Iterator[bytes]:
         """The raw facts a peer lacks, judged by its `head` body: for each author, those above the

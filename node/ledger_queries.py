@@ -6,7 +6,6 @@ writes. Queries that walk long lists read them a page at a time.
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
@@ -62,10 +61,11 @@ class LedgerQueries:
 
     def experiments(
         self, peer: str | None = None, outcome: str | None = None, profile: str | None = None,
-        limit: int = 50,
+        limit: int = 50, quorum: int = 1,
     ) -> list[dict]:  # fmt: skip
-        """Results, newest first, with how many peers confirmed, refuted, and could not tell
-        (inconclusive) each.
+        """Results, newest first, with how many peers confirmed, refuted, could not tell
+        (inconclusive) and found void each, and why a claim is held for more looks (`held`:
+        None when it is not; see `consensus.held_claims`, under `quorum`).
 
         `peer` is a peer id or its tail (tables show the tail: every id starts 12D3KooW).
         """
@@ -77,74 +77,90 @@ class LedgerQueries:
             if value is not None:
                 where.append(f"r.{column} = ?")
                 params.append(value)
+        counts = ", ".join(
+            f"(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = "
+            f"'{verdict}') AS {name}"
+            for verdict, name in (("confirm", "confirmations"), ("refute", "refutations"),
+                                  ("inconclusive", "inconclusive"), ("void", "voids"))
+        )  # fmt: skip
         sql = (
-            "SELECT r.*, "
-            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = 'confirm') "
-            "AS confirmations, "
-            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id AND v.verdict = 'refute') "
-            "AS refutations, "
-            "(SELECT COUNT(*) FROM verifications v WHERE v.result = r.id "
-            "AND v.verdict = 'inconclusive') AS inconclusive FROM results r"
+            f"SELECT r.*, {counts} FROM results r"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY r.time DESC, r.id LIMIT ?"
         )
-        return self.rows(sql, [*params, limit])
+        rows = self.rows(sql, [*params, limit])
+        claimed = {r["profile"] for r in rows if r["outcome"] == "keep" and r["confirmations"]}
+        held = self.held_claims(quorum, sorted(claimed))
+        for r in rows:
+            r["held"] = held.get(r["id"])
+        return rows
 
-    def _verdicts(self, result_ids: list[str]) -> list[dict]:
-        """Confirmations and refutations of these results: `consensus` weighs them."""
-        marks = ", ".join("?" * len(result_ids))
-        return self.rows(
-            "SELECT result, author, verdict, profile, harness FROM verifications "
-            f"WHERE verdict IN ('confirm', 'refute') AND result IN ({marks})",
-            result_ids,
+    def _confirmed(self, profile: str) -> tuple[list[dict], list[dict]]:
+        """The kept results of `profile` that some peer confirmed, and the verdicts on them that
+        `consensus` weighs: only those can be verified or held, so the rule over them is the
+        rule over every fact of the profile."""
+        results = self.rows(
+            "SELECT id, author, time, profile, parent, child, harness, val_bpb, description "
+            "FROM results r WHERE outcome = 'keep' AND profile = ? AND val_bpb IS NOT NULL "
+            "AND EXISTS (SELECT 1 FROM verifications v WHERE v.result = r.id "
+            "AND v.verdict = 'confirm')",
+            (profile,),
         )
+        verdicts = self.rows(
+            "SELECT v.result, v.author, v.verdict, v.profile, v.harness, v.delta, v.seed "
+            "FROM verifications v JOIN results r ON r.id = v.result WHERE r.outcome = 'keep' "
+            "AND r.profile = ? AND v.verdict IN ('confirm', 'refute', 'void')",
+            (profile,),
+        )
+        return results, verdicts
+
+    def _profiles(self) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT DISTINCT profile FROM results WHERE outcome = 'keep' ORDER BY profile"
+        )
+        return [profile for (profile,) in rows.fetchall()]
+
+    def held_claims(self, quorum: int = 1, profiles: Iterable[str] | None = None) -> dict[str, str]:
+        """{result id: why it is held}: claims held as outliers for more looks, on `profiles`
+        (default: all)."""
+        held: dict[str, str] = {}
+        for profile in self._profiles() if profiles is None else profiles:
+            held.update(consensus.held_claims(*self._confirmed(profile), quorum))
+        return held
+
+    def held(self, quorum: int = 1) -> dict[str, list[dict]]:
+        """Per profile, the claims held as outliers (lowest claimed val_bpb first), each with why."""
+        out: dict[str, list[dict]] = {}
+        for profile in self._profiles():
+            results, verdicts = self._confirmed(profile)
+            reasons = consensus.held_claims(results, verdicts, quorum)
+            rows = sorted((r for r in results if r["id"] in reasons),
+                          key=lambda r: (r["val_bpb"], r["child"], r["id"]))  # fmt: skip
+            if rows:
+                out[profile] = [{**r, "reason": reasons[r["id"]]} for r in rows]
+        return out
 
     def leaderboard(self, quorum: int = 1, limit: int = 10) -> dict[str, list[dict]]:
         """Per profile, the best verified train.py versions, lowest val_bpb first (ties by hash).
 
-        Walks each profile's kept results from the best claimed val_bpb up, a page at a time,
-        until `limit` versions are verified (by `consensus`): the cost follows what is shown,
-        not the size of the ledger.
+        Reads each profile's confirmed claims and their verdicts: whether a claim is verified
+        depends on the gains of every other verified claim of its profile (the outlier hold,
+        `consensus.held_claims`), so the cost follows the confirmed claims, not every result.
         """
-        columns = "id, author, time, profile, parent, child, harness, val_bpb, description"
         board: dict[str, list[dict]] = {}
-        profiles = self.conn.execute(
-            "SELECT DISTINCT profile FROM results WHERE outcome = 'keep' ORDER BY profile"
-        )
-        for (profile,) in profiles.fetchall():
+        for profile in self._profiles():
+            results, verdicts = self._confirmed(profile)
+            verified = consensus.verified_children(results, verdicts, quorum)
             chosen: list[str] = []
-            after: tuple = (-math.inf, "", "")
-            page_size = min(_PAGE, 10 * limit)  # most top claims are verified: read few at a time
-            while len(chosen) < limit:
-                page = self.rows(
-                    f"SELECT {columns} FROM results WHERE outcome = 'keep' AND profile = ? "
-                    "AND val_bpb IS NOT NULL AND (val_bpb, child, id) > (?, ?, ?) "
-                    "ORDER BY val_bpb, child, id LIMIT ?",
-                    (profile, *after, page_size),
-                )
-                if not page:
-                    break
-                after = (page[-1]["val_bpb"], page[-1]["child"], page[-1]["id"])
-                verified = consensus.verified_children(
-                    page, self._verdicts([r["id"] for r in page]), quorum
-                )
-                for r in page:
-                    if r["id"] in verified and r["child"] not in chosen and len(chosen) < limit:
-                        chosen.append(r["child"])
+            for r in sorted(results, key=lambda r: (r["val_bpb"], r["child"], r["id"])):
+                if r["id"] in verified and r["child"] not in chosen and len(chosen) < limit:
+                    chosen.append(r["child"])
             if not chosen:
                 continue
-            # Every kept result of the chosen versions: who found each first, who verified it.
-            results = self.rows(
-                f"SELECT {columns} FROM results WHERE outcome = 'keep' AND profile = ? "
-                f"AND val_bpb IS NOT NULL AND child IN ({', '.join('?' * len(chosen))})",
-                (profile, *chosen),
-            )
-            verified = consensus.verified_children(
-                results, self._verdicts([r["id"] for r in results]), quorum
-            )
+            # Every verified result of the chosen versions: who found each first, who verified it.
             entries: dict[str, dict] = {}
             for r in sorted(results, key=lambda r: (r["time"], r["id"])):
-                if r["id"] not in verified:
+                if r["id"] not in verified or r["child"] not in chosen:
                     continue
                 entry = entries.setdefault(
                     r["child"],
@@ -210,14 +226,15 @@ class LedgerQueries:
         return ordered
 
     def peers(self) -> list[dict]:
-        """Every peer seen: facts, results, confirmations and refutations its results received,
-        and the messages rejected from it by reason."""
+        """Every peer seen: facts, results, confirmations, refutations and voids its results
+        received, and the messages rejected from it by reason."""
         # CROSS JOIN keeps SQLite walking verifications (fewer) rather than every result.
         standing = {
             r["author"]: r
             for r in self.rows(
                 "SELECT r.author, SUM(v.verdict = 'confirm') AS confirmations, "
-                "SUM(v.verdict = 'refute') AS refutations FROM verifications v CROSS "
+                "SUM(v.verdict = 'refute') AS refutations, SUM(v.verdict = 'void') AS voids "
+                "FROM verifications v CROSS "
                 "JOIN results r ON r.id = v.result AND v.author != r.author GROUP BY r.author"
             )
         }
@@ -233,12 +250,13 @@ class LedgerQueries:
             s = standing.get(p["peer_id"], {})
             p["confirmations"] = s.get("confirmations") or 0
             p["refutations"] = s.get("refutations") or 0
+            p["voids"] = s.get("voids") or 0
             p["rejected"] = rejected.pop(p["peer_id"], {})
             out.append(p)
         for peer, reasons in rejected.items():  # peers only ever heard from with junk
             out.append({"peer_id": peer, "first_seen": None, "last_seen": None, "facts": 0,
                         "results": 0, "verifications": 0, "confirmations": 0, "refutations": 0,
-                        "rejected": reasons})  # fmt: skip
+                        "voids": 0, "rejected": reasons})  # fmt: skip
         return sorted(out, key=lambda p: (-(p["last_seen"] or 0), p["peer_id"]))
 
     def fact(self, fact_id: str) -> dict:

@@ -138,7 +138,7 @@ def snapshot(swarm: LocalSwarm) -> list[dict]:
 
 
 def _own_outcomes(home: Path, peer_id: str | None) -> dict[str, int]:
-    """How many of its own experiments this node kept, discarded and crashed."""
+    """How many of its own experiments this node kept, discarded, crashed and had voided."""
     from node.ledger import Ledger, LedgerError, ledger_path
 
     if peer_id is None or not ledger_path(home).is_file():
@@ -235,7 +235,7 @@ def status_table(rows: list[dict], left: float):
     from rich.table import Table
 
     table = Table(title=f"local swarm: {max(0, left) / 60:.1f} min left", expand=True)
-    for name in ("node", "doing", "run", "head val_bpb", "margin", "kept/disc/crash", "peers"):
+    for name in ("node", "doing", "run", "head val_bpb", "margin", "kept/disc/crash/void", "peers"):
         table.add_column(name, overflow="ellipsis", no_wrap=True, ratio=4 if name == "doing" else None)
     for r in rows:
         outcomes = r.get("outcomes") or {}
@@ -244,7 +244,7 @@ def status_table(rows: list[dict], left: float):
             r["node"], r.get("doing", ""), f"{progress:.0%}" if isinstance(progress, float) else "",
             f"{r['head_val_bpb']:.4f}" if r.get("head_val_bpb") else "",
             f"{r['margin']:.4f}" if r.get("margin") else "",
-            f"{outcomes.get('keep', 0)}/{outcomes.get('discard', 0)}/{outcomes.get('crash', 0)}",
+            "/".join(str(outcomes.get(o, 0)) for o in ("keep", "discard", "crash", "void")),
             str(r.get("peers", 0)),
         )  # fmt: skip
     return table

@@ -48,6 +48,7 @@ class Snapshot:
     results: list[dict]  # every result, oldest first
     verified: dict[str, set[str]]  # result id -> the peers whose confirmations count
     refuted: set[str]  # result ids refuted by the quorum
+    held: dict[str, str]  # result id -> why it is held as an outlier for more looks
     board: dict[str, list[dict]]  # ledger.leaderboard
     lineages: dict[str, list[dict]]  # profile -> steps to its best version, each with "diff"
     baselines: set[str]
@@ -85,11 +86,12 @@ def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None 
         "FROM results ORDER BY time, id"
     )
     verifications = ledger.rows(
-        "SELECT result, author, verdict, profile, harness FROM verifications"
+        "SELECT result, author, verdict, profile, harness, delta, seed FROM verifications"
     )
     kept = [r for r in results if r["outcome"] == "keep" and r["val_bpb"] is not None]
     verified = consensus.verified_children(kept, verifications, quorum)
     refuted = consensus.refuted_claims(kept, verifications, quorum)
+    held = consensus.held_claims(kept, verifications, quorum)
     board = ledger.leaderboard(quorum, BOARD_LIMIT)
     baselines = {c["baseline"] for c in campaigns}
     if SHIPPED_BASELINE.is_file():  # what a node without a campaign file starts from
@@ -115,7 +117,7 @@ def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None 
     }
     return Snapshot(
         path=str(ledger.path), read_at=read_at, campaigns=[c["name"] for c in campaigns],
-        quorum=quorum, results=results, verified=verified, refuted=refuted, board=board,
+        quorum=quorum, results=results, verified=verified, refuted=refuted, held=held, board=board,
         lineages=lineages, baselines=baselines, peers=peers, noise=dict(sorted(noise.items())),
         colours=colours,
     )  # fmt: skip
@@ -153,7 +155,7 @@ def _peer_stats(
     for v in verifications:
         stats.setdefault(v["author"], Counter())["verifications"] += 1
     rows = [
-        {"peer_id": peer, **{k: s[k] for k in ("experiments", "keep", "discard", "crash",
+        {"peer_id": peer, **{k: s[k] for k in ("experiments", "keep", "discard", "crash", "void",
                                                "verified", "refuted", "verifications")}}
         for peer, s in stats.items()
     ]  # fmt: skip
@@ -191,13 +193,17 @@ def plot(snap: Snapshot) -> bytes:
             mine = [r for r in rows if r["author"] == peer]
             kept = [r for r in mine if r["outcome"] == "keep" and r["val_bpb"] is not None]
             dropped = [r for r in mine if r["outcome"] == "discard" and r["val_bpb"] is not None]
-            crashed = [r for r in mine if r["outcome"] == "crash" or r["val_bpb"] is None]
+            crashed = [r for r in mine if r["outcome"] == "crash"
+                       or (r["outcome"] != "void" and r["val_bpb"] is None)]  # fmt: skip
+            voided = [r for r in mine if r["outcome"] == "void"]
             wins = [r for r in kept if r["id"] in snap.verified]
             ax.scatter(when(kept), [r["val_bpb"] for r in kept], s=22, color=colour, zorder=3)
             ax.scatter(when(dropped), [r["val_bpb"] for r in dropped], s=22, facecolors="none",
                        edgecolors=colour, zorder=2)  # fmt: skip
             ax.scatter(when(crashed), [0.97] * len(crashed), marker="x", s=30, color=colour,
                        transform=top, clip_on=False, zorder=3)  # fmt: skip
+            ax.scatter(when(voided), [0.97] * len(voided), marker="s", s=26, facecolors="none",
+                       edgecolors=colour, transform=top, clip_on=False, zorder=3)  # fmt: skip
             ax.scatter(when(wins), [r["val_bpb"] for r in wins], marker="*", s=170, color=colour,
                        edgecolors="black", linewidths=0.8, zorder=4)  # fmt: skip
         best, xs, ys = None, [], []
@@ -214,8 +220,8 @@ def plot(snap: Snapshot) -> bytes:
                     path_effects=[patheffects.withStroke(linewidth=3.5, foreground="white")])  # fmt: skip
         counts = Counter(r["outcome"] for r in rows)
         ax.set_title(f"profile {profile}: {_count(len(rows), 'experiment')} ({counts['keep']} kept, "
-                     f"{counts['discard']} discarded, {counts['crash']} crashed)",
-                     loc="left", fontsize=11)  # fmt: skip
+                     f"{counts['discard']} discarded, {counts['crash']} crashed, "
+                     f"{counts['void']} void)", loc="left", fontsize=11)  # fmt: skip
         ax.set_ylabel("val_bpb (lower is better)")
         ax.grid(alpha=0.3)
         locator = mdates.AutoDateLocator()
@@ -227,7 +233,7 @@ def plot(snap: Snapshot) -> bytes:
             ax.set_xlim(*mdates.date2num([_utc(middle - 300_000), _utc(middle + 300_000)]))
         if not any(r["val_bpb"] is not None for r in rows):
             ax.set_yticks([])
-        elif counts["crash"]:  # room above the scores for the crashes' row
+        elif counts["crash"] or counts["void"]:  # room above the scores for that row
             low, high = ax.get_ylim()
             ax.set_ylim(low, high + 0.1 * (high - low))
     axes[-1].set_xlabel("time of the experiment (UTC)")
@@ -244,6 +250,8 @@ def plot(snap: Snapshot) -> bytes:
         Line2D([], [], linestyle="", marker="o", markerfacecolor="none", color="grey",
                label="discarded"),
         Line2D([], [], linestyle="", marker="x", color="grey", label="crashed (top edge)"),
+        Line2D([], [], linestyle="", marker="s", markerfacecolor="none", color="grey",
+               label="void: broke the harness's rules (top edge)"),
         Line2D([], [], linestyle="", marker="*", markersize=12, color="grey",
                markeredgecolor="black", label=f"verified win (quorum {snap.quorum})"),
         Line2D([], [], color="black", label="best verified so far"),
@@ -314,8 +322,9 @@ def _diff_html(diff: str) -> str:
 
 
 def _leaderboard(snap: Snapshot) -> str:
+    held = _held(snap)
     if not snap.board:
-        return f"<p>No version is verified yet (quorum {snap.quorum}).</p>"
+        return f"<p>No version is verified yet (quorum {snap.quorum}).</p>" + held
     out = []
     for profile, rows in snap.board.items():
         out.append(f"<h3>profile {_e(profile)}</h3>")
@@ -325,7 +334,20 @@ def _leaderboard(snap: Snapshot) -> str:
                             _peer(r["found_by"]), ", ".join(_peer(p) for p in r["verified_by"]),
                             _e(r["description"])]
                            for rank, r in enumerate(rows, 1)]))  # fmt: skip
-    return "".join(out)
+    return "".join(out) + held
+
+
+def _held(snap: Snapshot) -> str:
+    """The claims held as outliers: nobody builds on them until they have more looks."""
+    rows = [r for r in snap.results if r["id"] in snap.held]
+    if not rows:
+        return ""
+    return "<h3>Held for more looks</h3>" + _table(
+        "held", ["profile", "val_bpb", "version", "found by", "why", "description"],
+        [[_e(r["profile"]), _bpb(r["val_bpb"]), f"<code>{_e(r['child'][:12])}</code>",
+          _peer(r["author"]), _e(snap.held[r["id"]]), _e(r["description"])]
+         for r in sorted(rows, key=lambda r: (r["profile"], r["val_bpb"], r["id"]))],
+    )  # fmt: skip
 
 
 def _lineages(snap: Snapshot) -> str:
@@ -357,12 +379,13 @@ def _lineages(snap: Snapshot) -> str:
 def _peers(snap: Snapshot) -> str:
     if not snap.peers:
         return "<p>No peer has published anything yet.</p>"
-    header = ["", "peer", "experiments", "kept", "discarded", "crashed", "claims verified",
-              "claims refuted", "verifications made"]  # fmt: skip
+    header = ["", "peer", "experiments", "kept", "discarded", "crashed", "void",
+              "claims verified", "claims refuted", "verifications made"]  # fmt: skip
     rows = [
         [f'<span class="swatch" style="background:{snap.colours[p["peer_id"]]}"></span>',
          f"<code>{_e(p['peer_id'])}</code>", *(str(p[k]) for k in (
-             "experiments", "keep", "discard", "crash", "verified", "refuted", "verifications"))]
+             "experiments", "keep", "discard", "crash", "void", "verified", "refuted",
+             "verifications"))]
         for p in snap.peers
     ]  # fmt: skip
     return _table("peers", header, rows)
@@ -408,9 +431,10 @@ def render_html(snap: Snapshot, png: bytes) -> str:
     if snap.results:
         summary = (f"<p id=\"summary\">{_count(len(snap.results), 'experiment')} by "
                    f"{_count(len(snap.peers), 'peer')}: {counts['keep']} kept, "
-                   f"{counts['discard']} discarded, {counts['crash']} crashed; "
-                   f"{_count(len(snap.verified), 'verified win')}, "
-                   f"{_count(len(snap.refuted), 'refuted claim')} (quorum {snap.quorum}).</p>")  # fmt: skip
+                   f"{counts['discard']} discarded, {counts['crash']} crashed, "
+                   f"{counts['void']} void; {_count(len(snap.verified), 'verified win')}, "
+                   f"{_count(len(snap.refuted), 'refuted claim')} (quorum {snap.quorum})"
+                   f"{f'; {len(snap.held)} held for more looks' if snap.held else ''}.</p>")  # fmt: skip
     else:
         summary = '<p id="summary">Nothing was tried yet: this ledger holds no experiment.</p>'
     image = base64.b64encode(png).decode()
@@ -427,7 +451,8 @@ def render_html(snap: Snapshot, png: bytes) -> str:
 <img class="plot" alt="val_bpb per experiment over time" src="data:image/png;base64,{image}">
 <h2>Leaderboard</h2>
 <p>The best verified versions per profile: confirmed by at least {snap.quorum} peer(s) other
-than the author, measuring with the same harness.</p>
+than the author, measuring with the same harness. A claim whose gain lies far beyond any verified
+on its profile is held until it has {consensus.HOLD_LOOKS} confirming looks.</p>
 {_leaderboard(snap)}
 <h2>Lineage of the best version</h2>
 {_lineages(snap)}

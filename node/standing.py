@@ -1,8 +1,9 @@
 """Standing of peers: whether this node still listens to a peer, derived from what it holds.
 
-A peer loses standing through rates over enough evidence, never through one event: its kept
-claims that the swarm refuted (or could not run), its confirmations of such claims,
-and the messages this node refused from it. A peer that lost standing does not regain it: the
+A peer loses standing through rates over enough evidence: its kept claims that the swarm
+refuted (or could not run), its confirmations of such claims, and the messages this node
+refused from it. One event suffices only where noise cannot explain it: a kept claim whose
+re-runs the verifiers' harness voided (it broke the measurement's rules). A peer that lost standing does not regain it: the
 facts and counts behind the verdict stay. Pure functions, except `ledger_standing`, which reads.
 """
 
@@ -37,6 +38,7 @@ class Standing:
     peer: str
     claims: int = 0  # its kept claims the swarm has settled: verified or failed
     failed: int = 0  # of those, refuted by the quorum, or not reproduced by it
+    voided: int = 0  # of those, found void by the quorum: its score broke the harness's rules
     confirms: int = 0  # its confirmations of other peers' settled claims
     false_confirms: int = 0  # of those, confirmations of claims that failed
     offences: Mapping[str, int] = field(default_factory=dict)  # refused messages by reason
@@ -55,7 +57,7 @@ class Standing:
 
     def as_dict(self) -> dict:
         return {"peer": self.peer, "status": self.status, "claims": self.claims,
-                "failed": self.failed, "confirms": self.confirms,
+                "failed": self.failed, "voided": self.voided, "confirms": self.confirms,
                 "false_confirms": self.false_confirms, "offences": dict(self.offences),
                 "points": round(self.points, 2), "reasons": list(self.reasons)}  # fmt: skip
 
@@ -66,23 +68,32 @@ def unreproduced_claims(
     quorum: int = 1,
 ) -> set[str]:
     """Results that at least `quorum` distinct peers other than the author could not reproduce as
-    a win, refuting it or finding that its child crashes (same harness and profile), and more of
-    them than confirm it. Consensus counts a crash neither way (a smaller GPU may run out of
-    memory); here a claimed win that crashes for the quorum is a claim that failed."""
-    by_id = {r["id"]: r for r in results}
-    votes: dict[str, dict[str, set[str]]] = {}
-    for v in verifications:
-        r = by_id.get(v["result"])
-        if r is not None and v["author"] != r["author"] and v["harness"] == r["harness"] and (
-            v["profile"] == r["profile"]
-        ):  # fmt: skip
-            votes.setdefault(r["id"], {}).setdefault(v["verdict"], set()).add(v["author"])
+    a win, refuting it, finding that its child crashes or that their harness voids its run (same
+    harness and profile), and more of them than confirm it. Consensus counts a crash neither way
+    (a smaller GPU may run out of memory); here a claimed win that crashes for the quorum is a
+    claim that failed."""
     failed = set()
-    for rid, by in votes.items():
-        no_win = by.get("refute", set()) | by.get("crash", set())
-        if len(no_win) >= quorum and len(no_win) > len(by.get("confirm", ())):
+    for rid, by in consensus.peer_verdicts(results, verifications).items():
+        no_win = sum(v in ("refute", "crash", "void") for v in by.values())
+        if no_win >= quorum and no_win > sum(v == "confirm" for v in by.values()):
             failed.add(rid)
     return failed
+
+
+def void_claims(
+    results: Iterable[Mapping[str, Any]],
+    verifications: Iterable[Mapping[str, Any]],
+    quorum: int = 1,
+) -> dict[str, int]:
+    """{result id: how many peers found it void}: the results that at least `quorum` distinct
+    peers other than the author found void (their harness refused to score their re-run of the
+    child; same harness and profile), more of them than confirm it. No noise voids a run."""
+    found = {}
+    for rid, by in consensus.peer_verdicts(results, verifications).items():
+        void = sum(v == "void" for v in by.values())
+        if void >= quorum and void > sum(v == "confirm" for v in by.values()):
+            found[rid] = void
+    return found
 
 
 def offence_points(offences: Mapping[str, int]) -> float:
@@ -96,9 +107,11 @@ def peer_standing(
 ) -> dict[str, Standing]:  # fmt: skip
     """Every peer's standing from the facts and counts this node holds. Same inputs, same answer.
 
-    `results` carry id, author, outcome, profile and harness (only kept ones are claims);
-    `verifications` carry result, author, verdict, profile and harness; `offences` carry
-    peer_id, reason and count (the ledger's `rejections`). A peer is silenced when
+    `results` carry id, author, outcome, profile and harness (only kept ones are claims; a
+    result its own node published as void was never claimed, and costs nothing);
+    `verifications` carry result, author, verdict, profile, harness, delta and seed; `offences`
+    carry peer_id, reason and count (the ledger's `rejections`). A peer is silenced when
+    - one of its kept claims was found void by the quorum (`void_claims`): at once; or
     - at least MIN_FAILED of its kept claims failed (refuted by the quorum's rule, or not
       reproduced: `unreproduced_claims`)
       and more failed than were verified; or
@@ -109,12 +122,13 @@ def peer_standing(
     kept = {r["id"]: r for r in results if r["outcome"] == "keep"}
     verifications = list(verifications)
     verified = set(consensus.verified_children(kept.values(), verifications, quorum))
-    failed = (consensus.refuted_claims(kept.values(), verifications, quorum)
+    voided = void_claims(kept.values(), verifications, quorum)
+    failed = (consensus.refuted_claims(kept.values(), verifications, quorum) | set(voided)
               | unreproduced_claims(kept.values(), verifications, quorum)) - verified  # fmt: skip
     evidence: dict[str, dict[str, Any]] = {}
 
     def of(peer: str) -> dict[str, Any]:
-        return evidence.setdefault(peer, {"claims": 0, "failed": 0, "confirms": set(),
+        return evidence.setdefault(peer, {"claims": 0, "failed": 0, "void": {}, "confirms": set(),
                                           "false": set(), "offences": {}})  # fmt: skip
 
     for r in kept.values():
@@ -123,14 +137,18 @@ def peer_standing(
         entry = of(kept[rid]["author"])
         entry["claims"] += 1
         entry["failed"] += rid in failed
+        if rid in voided:
+            entry["void"][rid] = voided[rid]
     for v in verifications:
-        r = kept.get(v["result"])
         of(v["author"])
-        if v["verdict"] == "confirm" and r is not None and v["author"] != r["author"]:
-            if r["id"] in verified:
-                of(v["author"])["confirms"].add(r["id"])
-            elif r["id"] in failed:
-                of(v["author"])["false"].add(r["id"])
+    for rid, by in consensus.peer_verdicts(kept.values(), verifications).items():
+        # A peer's verdict is its strongest against the claim: one that confirmed a claim and
+        # then found it void on a second look corrected itself, and is no false confirmer.
+        for peer in (p for p, verdict in by.items() if verdict == "confirm"):
+            if rid in verified:
+                of(peer)["confirms"].add(rid)
+            elif rid in failed:
+                of(peer)["false"].add(rid)
     for row in offences:
         if row["peer_id"] != UNKNOWN and row["count"]:
             counted = of(row["peer_id"])["offences"]
@@ -142,6 +160,11 @@ def _judge(peer: str, e: dict[str, Any]) -> Standing:
     good, false = len(e["confirms"]), len(e["false"])
     points = offence_points(e["offences"])
     reasons = []
+    if e["void"]:
+        rid, n = min(e["void"].items())
+        more = f" (and {len(e['void']) - 1} more of its claims)" if len(e["void"]) > 1 else ""
+        reasons.append(f"its claim {rid[:12]} was found void by {n} peer(s): its score broke "
+                       f"the harness's rules{more}")  # fmt: skip
     verified = e["claims"] - e["failed"]
     if e["failed"] >= MIN_FAILED and e["failed"] > verified:
         reasons.append(f"{e['failed']} of its {e['claims']} settled claims failed")
@@ -150,9 +173,9 @@ def _judge(peer: str, e: dict[str, Any]) -> Standing:
     if points >= MAX_OFFENCE_POINTS:
         listed = ", ".join(f"{reason} {n}" for reason, n in sorted(e["offences"].items()))
         reasons.append(f"refused messages worth {points:g} points ({listed})")
-    return Standing(peer, claims=e["claims"], failed=e["failed"], confirms=good + false,
-                    false_confirms=false, offences=dict(e["offences"]), points=points,
-                    reasons=tuple(reasons))  # fmt: skip
+    return Standing(peer, claims=e["claims"], failed=e["failed"], voided=len(e["void"]),
+                    confirms=good + false, false_confirms=false, offences=dict(e["offences"]),
+                    points=points, reasons=tuple(reasons))  # fmt: skip
 
 
 def silenced(standing: Mapping[str, Standing]) -> set[str]:
@@ -166,7 +189,7 @@ def ledger_standing(ledger: Ledger, quorum: int = 1) -> dict[str, Standing]:
         "SELECT id, author, outcome, profile, harness FROM results WHERE outcome = 'keep'"
     )
     verifications = ledger.rows(
-        "SELECT result, author, verdict, profile, harness FROM verifications"
+        "SELECT result, author, verdict, profile, harness, delta, seed FROM verifications"
     )
     offences = ledger.rows("SELECT peer_id, reason, count FROM rejections")
     return peer_standing(results, verifications, offences, quorum)

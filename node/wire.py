@@ -30,8 +30,10 @@ MAX_CLOCK_SKEW_MS = 5 * 60 * 1000  # a fact may be stamped this far ahead of our
 MAX_DIFF_SIZE = 1 << 20  # a unified diff of train.py; larger changes are not one experiment
 MAX_HEAD_AUTHORS = 4096
 ENVELOPE_FIELDS = ("author", "body", "campaign", "kind", "seq", "sig", "time", "v")
-OUTCOMES = ("keep", "discard", "crash")
-VERDICTS = ("confirm", "refute", "inconclusive", "crash")  # see consensus.verdict
+# void: the harness refused to score the run (it looked ahead, trained past its budget, or its
+# metrics were inconsistent); for a verdict, the verifier's re-run of the child was voided.
+OUTCOMES = ("keep", "discard", "crash", "void")
+VERDICTS = ("confirm", "refute", "inconclusive", "crash", "void")  # see consensus.verdict
 
 _UINT_MAX = (1 << 63) - 1
 _HEX = frozenset("0123456789abcdef")
@@ -305,8 +307,9 @@ _ENVELOPE = {
 
 def _body_rules(kind: str, body: dict, author: bytes, campaign: str) -> Problem | None:
     """Rules across fields, after the types are right."""
-    if kind == "result" and body["outcome"] != "crash" and body["metrics"]["val_bpb"] is None:
-        return _bad("body.metrics.val_bpb", "only a crash may lack val_bpb")
+    scored = kind == "result" and body["outcome"] not in ("crash", "void")
+    if scored and body["metrics"]["val_bpb"] is None:
+        return _bad("body.metrics.val_bpb", "only a crash or a void run may lack val_bpb")
     if kind == "campaign":
         if body["organiser"] != author:
             return _bad("body.organiser", "a campaign is signed by its organiser")
@@ -463,13 +466,18 @@ def result_body(
 def result_body_from_run(
     run: Mapping[str, Any], *, parent: str, diff: bytes, description: str, keep: bool
 ) -> dict:
-    """The body of a `result` from the trainer's `RunResult.as_dict()` (outcome ok or crash);
-    `keep` is the agent's decision for a run that did not crash."""
-    crashed = run["outcome"] == "crash" or run.get("val_bpb") is None
+    """The body of a `result` from the trainer's `RunResult.as_dict()` (outcome ok, crash or
+    void); `keep` is the agent's decision for a scored run. A void run is never kept."""
+    if run["outcome"] == "void":
+        outcome = "void"
+    elif run["outcome"] == "crash" or run.get("val_bpb") is None:
+        outcome = "crash"
+    else:
+        outcome = "keep" if keep else "discard"
     return result_body(
         parent=parent, child=run["train_py_sha256"], diff=diff, description=description,
         profile=run["profile"], harness=run["harness_sha256"], seed=run["seed"],
-        outcome="crash" if crashed else ("keep" if keep else "discard"), metrics=run,
+        outcome=outcome, metrics=run,
     )  # fmt: skip
 
 

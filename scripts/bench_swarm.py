@@ -43,7 +43,8 @@ def timeline(home: Path, profile: str, baseline: str, quorum: int, minutes: floa
     with Ledger(ledger_path(home), readonly=True) as ledger:
         results, _ = swarm_rows(ledger, profile)
         verifications = ledger.rows(
-            "SELECT result, author, verdict, profile, harness, time FROM verifications WHERE profile = ?",
+            "SELECT result, author, verdict, profile, harness, delta, seed, time FROM verifications "
+            "WHERE profile = ?",
             (profile,),
         )
         times = {r["id"]: r["time"] for r in ledger.rows("SELECT id, time FROM results")}

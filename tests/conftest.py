@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from node import wire
+from node import consensus, wire
 from node.identity import Identity
 
 CAMPAIGN = "demo"
@@ -39,13 +39,39 @@ def make_result(
 
 def make_verification(
     who: Identity, seq: int, result: wire.Fact, verdict: str = "confirm", *,
-    harness: str = HARNESS, delta: float = -0.01,
+    harness: str = HARNESS, delta: float = -0.01, seed: int = 7,
 ) -> wire.Fact:  # fmt: skip
     body = wire.verification_body(
-        result=result.id, child_val_bpb=1.5 + delta, parent_val_bpb=1.5, seed=7,
+        result=result.id, child_val_bpb=1.5 + delta, parent_val_bpb=1.5, seed=seed,
         profile=result.body["profile"], harness=harness, verdict=verdict,
     )  # fmt: skip
     return wire.sign(who, "verification", CAMPAIGN, seq, body, T0 + 500_000 + seq * 1000)
+
+
+def confirming_looks(
+    who: Identity, seq: int, result: wire.Fact, looks: int = consensus.HOLD_LOOKS, *,
+    harness: str = HARNESS, delta: float = -0.01,
+) -> list[wire.Fact]:  # fmt: skip
+    """`looks` confirmations of `result` by `who`, with seqs from `seq` on, each on a fresh seed:
+    by default the looks the outlier hold asks of a claim (`consensus.HOLD_LOOKS`), as the first
+    verified win of a profile needs, whatever its gain."""
+    return [make_verification(who, seq + i, result, harness=harness, delta=delta, seed=7 + i)
+            for i in range(looks)]  # fmt: skip
+
+
+def vote_row(
+    rid: str, author: str, verdict: str = "confirm", *, profile: str = "cpu", harness: str = "h",
+    delta: float | None = -0.01, seed: int = 7,
+) -> dict:  # fmt: skip
+    """A verification as the flat row `consensus` reads (result, author, verdict, profile,
+    harness, delta, seed)."""
+    return {"result": rid, "author": author, "verdict": verdict, "profile": profile,
+            "harness": harness, "delta": delta, "seed": seed}  # fmt: skip
+
+
+def looks_rows(rid: str, author: str, looks: int = consensus.HOLD_LOOKS, **kwargs) -> list[dict]:
+    """`looks` confirming rows of `rid` by `author`, each on a fresh seed (`vote_row`)."""
+    return [vote_row(rid, author, seed=7 + i, **kwargs) for i in range(looks)]
 
 
 @pytest.fixture
@@ -100,7 +126,7 @@ class Process:
 
     def __init__(self, *args: str, env: dict) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "node.cli", *args], env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
 

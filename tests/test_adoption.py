@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from conftest import CAMPAIGN, make_result, make_verification
+from conftest import CAMPAIGN, confirming_looks, make_result
 
 from node.agent.adoption import QueuedProposer, best_head, merge_proposals
 from node.agent.offline import OfflineProposer
@@ -34,11 +34,13 @@ def book(tmp_path):
 
 
 def claim(book, who, seq, child, bpb, confirmers=()):
+    """A kept claim, confirmed by each of `confirmers` with the looks the outlier hold asks of a
+    profile's first win (every claim here has the same gain, so the first sets the scale)."""
     fact = make_result(who, seq, sha(BASELINE), sha(child), bpb, profile="test")
     assert book.ingest(fact.raw) == fact
     for peer in confirmers:
-        check = make_verification(peer, book.next_seq(peer.public_key), fact)
-        assert book.ingest(check.raw) == check
+        for check in confirming_looks(peer, book.next_seq(peer.public_key), fact):
+            assert book.ingest(check.raw) == check
     return fact
 
 
@@ -82,3 +84,17 @@ def merge_proposals_stub():
     from node.agent.proposers import Proposal
 
     return [Proposal("merge of four Newton-Schulz steps", BOTH)]
+
+
+def test_a_node_that_runs_only_trusted_code_still_weighs_claims_against_every_verified_gain(
+    book, alice, bob, carol
+):
+    claim(book, alice, 1, NARROW, 1.40, [carol])  # the profile's first win: it sets the scale
+    own = make_result(bob, 1, sha(BASELINE), sha(FOUR_STEPS), 1.45, profile="test")
+    book.ingest(own.raw)
+    book.ingest(confirming_looks(carol, 10, own, looks=1)[0].raw)  # within the factor: one look
+    trusts_bob = lambda peer: peer == bob.peer_id  # noqa: E731
+    assert best_head(book, "test", sha(BASELINE), trusted=trusts_bob) == sha(FOUR_STEPS)
+    assert best_head(book, "test", sha(BASELINE)) == sha(NARROW)
+    merges = merge_proposals(book, sha(FOUR_STEPS), "test", trusted=trusts_bob)
+    assert merges == []  # alice's win is verified, but not code this node runs

@@ -11,7 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BASELINE, CAMPAIGN, T0, make_result, make_verification
+from conftest import (
+    BASELINE,
+    CAMPAIGN,
+    T0,
+    confirming_looks,
+    looks_rows,
+    make_result,
+    make_verification,
+    vote_row,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_wire import _envelope, _resign, fuzz_wire
@@ -180,18 +189,21 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
 # ---------------------------------------------------------------- leaderboard and lineage
 
 
+OTHER = "cd" * 32  # another harness
+
+
 def test_only_confirmations_by_other_peers_with_the_same_harness_verify(book, alice, bob, carol):
     win = make_result(alice, 1, BASELINE, V1, 1.40)
     book.ingest_many(
         [
             win.raw,
-            make_verification(alice, 2, win).raw,  # the author vouching for itself
-            make_verification(bob, 1, win, harness="cd" * 32).raw,  # measured differently
-            make_verification(carol, 1, win, "refute", harness="cd" * 32).raw,  # so is this refutation
+            *(f.raw for f in confirming_looks(alice, 2, win)),  # the author vouching for itself
+            *(f.raw for f in confirming_looks(bob, 1, win, harness=OTHER)),  # measured differently
+            make_verification(carol, 1, win, "refute", harness=OTHER).raw,  # so is this refutation
         ]
     )
     assert book.leaderboard() == {}
-    book.ingest(make_verification(bob, 2, win).raw)
+    book.ingest_many([f.raw for f in confirming_looks(bob, 4, win)])
     board = book.leaderboard()
     assert [e["child"] for e in board["cpu"]] == [V1]
     assert board["cpu"][0]["found_by"] == alice.peer_id
@@ -201,7 +213,7 @@ def test_only_confirmations_by_other_peers_with_the_same_harness_verify(book, al
 
 def test_a_refutation_by_the_quorum_keeps_a_claim_off_the_leaderboard(book, alice, bob, carol):
     win = make_result(alice, 1, BASELINE, V1, 1.40)
-    book.ingest_many([win.raw, make_verification(bob, 1, win).raw])
+    book.ingest_many([win.raw, *(f.raw for f in confirming_looks(bob, 1, win))])
     assert [e["child"] for e in book.leaderboard()["cpu"]] == [V1]
     book.ingest(make_verification(carol, 1, win, "refute").raw)
     assert book.leaderboard() == {}  # as consensus.verified_children rules: a refuted claim never counts
@@ -211,9 +223,9 @@ def test_a_refutation_by_the_quorum_keeps_a_claim_off_the_leaderboard(book, alic
 def test_a_quorum_counts_distinct_peers(book, alice, bob, carol):
     win = make_result(alice, 1, BASELINE, V1, 1.40)
     book.ingest_many(
-        [win.raw, make_verification(bob, 1, win).raw, make_verification(bob, 2, win).raw]
+        [win.raw, make_verification(bob, 1, win).raw, make_verification(bob, 2, win, seed=8).raw]
     )
-    assert book.leaderboard(quorum=2) == {}
+    assert book.leaderboard(quorum=2) == {}  # two looks, one peer
     book.ingest(make_verification(carol, 1, win).raw)
     assert book.leaderboard(quorum=2)["cpu"][0]["verified_by"] == sorted(
         [bob.peer_id, carol.peer_id]
@@ -229,7 +241,7 @@ def test_the_leaderboard_ranks_by_val_bpb_then_hash_and_ignores_arrival_order(tm
         make_result(alice, 5, BASELINE, "55" * 32, 1.00, profile="gpu"),
     ]
     facts = [f.raw for w in wins for f in (w,)] + [
-        make_verification(bob, i + 1, w).raw for i, w in enumerate(wins)
+        f.raw for i, w in enumerate(wins) for f in confirming_looks(bob, 1 + 3 * i, w)
     ]
     boards = []
     for order in range(3):
@@ -244,12 +256,7 @@ def test_the_leaderboard_ranks_by_val_bpb_then_hash_and_ignores_arrival_order(tm
 
 def test_verified_children_is_a_pure_rule_over_plain_records():
     results = [{"id": "r", "author": "a", "profile": "cpu", "harness": "h"}]
-    confirm = {"result": "r", "verdict": "confirm", "profile": "cpu", "harness": "h"}
-    verifications = [
-        {**confirm, "author": "b"},
-        {**confirm, "author": "c"},
-        {**confirm, "author": "a"},
-    ]
+    verifications = [*looks_rows("r", "b", 2), vote_row("r", "c"), vote_row("r", "a")]
     assert consensus.verified_children(results, verifications, 2) == {"r": {"b", "c"}}
     assert consensus.verified_children(results, verifications, 3) == {}
     with pytest.raises(ValueError):
@@ -297,17 +304,17 @@ def test_show_rechecks_the_signature_of_a_stored_fact(book, alice):
 
 def test_the_head_summarises_what_the_ledger_holds(book, alice, bob):
     win = make_result(alice, 1, BASELINE, V1, 1.4)
-    book.ingest_many([win.raw, make_verification(bob, 1, win).raw])
+    book.ingest_many([win.raw, *(f.raw for f in confirming_looks(bob, 1, win))])
     head = book.head_body()
-    assert head["count"] == 2
-    assert head["authors"] == {alice.public_key: 1, bob.public_key: 1}
+    assert head["count"] == 4
+    assert head["authors"] == {alice.public_key: 1, bob.public_key: 3}
     assert head["best"] == {"cpu": V1}
     signed = wire.sign(alice, "head", CAMPAIGN, T0, head, T0)  # a head counts by the clock
     assert book.ingest(signed.raw, now_ms=T0) == signed
     assert book.ingest(signed.raw, now_ms=T0) == signed  # delivered twice: not a rejection
     older = wire.sign(alice, "head", CAMPAIGN, T0 - 1, wire.head_body([], {}, {}), T0)
     assert book.ingest(older.raw, now_ms=T0).reason is Reason.seq_backwards
-    assert _count(book, "facts") == 2  # heads update the peer, they are not facts to keep
+    assert _count(book, "facts") == 4  # heads update the peer, they are not facts to keep
     assert book.rows("SELECT head_seq FROM peers WHERE head IS NOT NULL") == [{"head_seq": T0}]
     assert book.next_seq(alice.public_key) == 2
 
@@ -396,9 +403,8 @@ def test_an_empty_ledger_summarises_to_zeroes(book):
 def test_the_leaderboard_pages_past_many_better_unverified_claims(book, alice, bob):
     claims = [make_result(alice, i, BASELINE, f"{i:064x}", 1.0 + i / 1000) for i in range(1, 40)]
     verified = make_result(alice, 40, BASELINE, V3, 1.3)
-    book.ingest_many(
-        [c.raw for c in claims] + [verified.raw, make_verification(bob, 1, verified).raw]
-    )
+    looks = confirming_looks(bob, 1, verified)  # the profile's first win: the hold's looks
+    book.ingest_many([c.raw for c in claims] + [verified.raw] + [f.raw for f in looks])
     assert [e["child"] for e in book.leaderboard(limit=1)["cpu"]] == [V3]
 
 
@@ -415,8 +421,8 @@ def test_a_node_publishes_its_own_facts_with_consecutive_seqs(book, alice, bob):
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4), st.sampled_from(["confirm", "refute"]),
-                       st.sampled_from(["h", "h2"])), max_size=40),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4), st.sampled_from(["confirm", "refute", "void"]),
+                       st.sampled_from(["h", "h2"]), st.integers(0, 2)), max_size=40),
     st.integers(1, 3),
     st.randoms(use_true_random=False),
 )  # fmt: skip
@@ -425,8 +431,8 @@ def test_verified_children_does_not_depend_on_the_order_of_facts(votes, quorum, 
         {"id": f"r{i}", "author": f"p{i % 3}", "profile": "cpu", "harness": "h"} for i in range(6)
     ]
     verifications = [
-        {"result": f"r{r}", "author": f"p{a}", "verdict": v, "profile": "cpu", "harness": h}
-        for r, a, v, h in votes
+        vote_row(f"r{r}", f"p{a}", v, harness=h, delta=-0.01 * (1 + r), seed=seed)
+        for r, a, v, h, seed in votes
     ]
     expected = consensus.verified_children(results, verifications, quorum)
     order.shuffle(results)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BASELINE, CAMPAIGN, T0, make_result, make_verification
+from conftest import BASELINE, CAMPAIGN, T0, confirming_looks, make_result, make_verification
 from typer.testing import CliRunner
 
 from node import wire
@@ -41,9 +41,11 @@ def home(tmp_path, alice, bob) -> Path:
     )  # fmt: skip
     with Ledger(ledger_path(tmp_path), campaign=CAMPAIGN) as book:
         book.publish(alice, "campaign", campaign, T0)
+        # The profile's first win has the looks the outlier hold asks; the second is within
+        # HOLD_FACTOR of its gain, so one look verifies it.
         book.ingest_many(
-            [first.raw, second.raw, crash.raw, make_verification(bob, 2, first).raw,
-             make_verification(bob, 3, second, delta=-0.05).raw, b"\x93junk"]
+            [first.raw, second.raw, crash.raw, *(f.raw for f in confirming_looks(bob, 2, first)),
+             make_verification(bob, 5, second, delta=-0.03).raw, b"\x93junk"]
         )  # fmt: skip
         book.record_run(profile="cpu", outcome="keep", log_path=str(tmp_path / "runs/1/log"))
     return tmp_path
@@ -69,7 +71,7 @@ def test_keys_new_refuses_to_replace_a_key_without_force(tmp_path):
 
 def test_summary_counts_what_the_ledger_holds(home):
     info = json.loads(swarm("ledger", "summary", "--home", str(home), "--json"))
-    assert info["facts"] == {"campaign": 1, "result": 3, "verification": 2}
+    assert info["facts"] == {"campaign": 1, "result": 3, "verification": 4}
     assert info["campaigns"] == [CAMPAIGN]
     assert info["outcomes"] == {"keep": 2, "crash": 1}
     assert info["rejected"] == {"malformed": 1} and info["runs"] == 1
@@ -114,6 +116,47 @@ def test_leaderboard_shows_verified_versions_with_finder_and_verifiers(home, ali
     assert "profile cpu" in table and "1.4500" in table and bob.peer_id[-8:] in table
 
 
+def test_void_runs_and_verdicts_and_a_held_claim_show_as_such(tmp_path, alice, bob, carol):
+    scale = make_result(alice, 1, BASELINE, V1, 1.50, description="wider MLP")
+    outlier = make_result(alice, 2, V1, V2, 1.00, description="too good")
+    void = make_result(carol, 1, V1, "33" * 32, None, outcome="void", description="peeks ahead")
+    side = make_result(alice, 3, V1, "44" * 32, 1.40, description="side")
+    with Ledger(ledger_path(tmp_path), campaign=CAMPAIGN) as book:
+        book.ingest_many(
+            [scale.raw, outlier.raw, void.raw, side.raw,
+             *(f.raw for f in confirming_looks(bob, 1, scale)),
+             make_verification(bob, 4, outlier, delta=-0.5).raw,
+             make_verification(carol, 2, side, "void").raw]
+        )  # fmt: skip
+    home = str(tmp_path)
+    info = json.loads(swarm("ledger", "summary", "--home", home, "--json"))
+    assert info["outcomes"] == {"keep": 3, "void": 1}
+    assert info["verdicts"] == {"confirm": 4, "void": 1}
+    voided = json.loads(
+        swarm("ledger", "experiments", "--home", home, "--outcome", "void", "--json")
+    )
+    assert [r["description"] for r in voided] == ["peeks ahead"]
+    rows = {
+        r["description"]: r
+        for r in json.loads(swarm("ledger", "experiments", "--home", home, "--json"))
+    }
+    assert rows["side"]["voids"] == 1 and rows["wider MLP"]["held"] is None
+    assert rows["too good"]["held"] == (
+        "held: gain 0.5000 is 50x the largest verified on cpu (0.0100); "
+        "needs 3 confirming looks, has 1"
+    )
+    assert "held: gain" in swarm("ledger", "experiments", "--home", home)
+    board = json.loads(swarm("ledger", "leaderboard", "--home", home, "--json"))
+    assert [e["child"] for e in board["cpu"]] == [V1]  # the held claim is no verified version
+    table = swarm("ledger", "leaderboard", "--home", home)
+    held_row = next(line for line in table.splitlines() if V2[:12] in line)
+    assert "held" in held_row and "too good" in held_row
+    peers = {
+        p["peer_id"]: p for p in json.loads(swarm("ledger", "peers", "--home", home, "--json"))
+    }
+    assert peers[alice.peer_id]["voids"] == 1
+
+
 def test_lineage_prints_the_chain_from_the_baseline(home):
     chain = json.loads(swarm("ledger", "lineage", V2[:10], "--home", str(home), "--json"))
     assert [s["child"] for s in chain] == [V1, V2]
@@ -127,8 +170,9 @@ def test_peers_show_standing_and_rejections(home, alice, bob):
     peers = {
         p["peer_id"]: p for p in json.loads(swarm("ledger", "peers", "--home", str(home), "--json"))
     }
-    assert peers[alice.peer_id]["results"] == 2 and peers[alice.peer_id]["confirmations"] == 2
-    assert peers[bob.peer_id]["verifications"] == 2
+    assert peers[alice.peer_id]["results"] == 2 and peers[alice.peer_id]["confirmations"] == 4
+    assert peers[alice.peer_id]["voids"] == 0
+    assert peers[bob.peer_id]["verifications"] == 4
     assert peers["unknown"]["rejected"] == {"malformed": 1}
     assert alice.peer_id in swarm("ledger", "peers", "--home", str(home))
 
@@ -153,7 +197,7 @@ def test_export_writes_csv_and_json(home, tmp_path):
     out = tmp_path / "facts.json"
     swarm("ledger", "export", "--home", str(home), "--table", "facts", "--output", str(out))
     facts = json.loads(out.read_text())
-    assert len(facts) == 6 and all(len(bytes.fromhex(f["raw"])) > 100 for f in facts)
+    assert len(facts) == 8 and all(len(bytes.fromhex(f["raw"])) > 100 for f in facts)
 
 
 def test_every_command_explains_itself_with_an_example():

@@ -134,3 +134,28 @@ def test_trailing_spaces_on_added_lines_are_not_part_of_the_change(book, alice, 
     assert ran == [clean] and step.head.source == clean
     assert step.fact.body["child"] == hashlib.sha256(clean.encode()).hexdigest()
     assert step.fact.body["diff_sha256"] == change_hash(BASELINE, clean)
+
+
+def test_void_run_is_published_and_never_kept(book, alice, tmp_path):
+    better = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+
+    def run(script, profile, data, run_dir, seed=0, on_event=None):
+        child = hashlib.sha256(script.read_bytes()).hexdigest()
+        return RunResult(
+            "void", None, 1, 64, 1.0, 2.0, None, None, child, "ab" * 32, "test", seed, "d",
+            error="its predictions depend on later tokens",
+        )  # fmt: skip
+
+    head = Head(BASELINE, 3.0)  # any score would beat this
+    step = research_step(
+        book, alice, Scripted(Proposal("looks ahead", better)), head, 0.01, FAST, None, tmp_path,
+        run=run,
+    )  # fmt: skip
+    assert step.outcome == "void" and step.reason == "its predictions depend on later tokens"
+    assert step.head == head  # never kept: the head does not move
+    body = step.fact.body
+    assert body["outcome"] == "void" and body["metrics"]["val_bpb"] is None
+    assert book.rows("SELECT outcome, val_bpb, fact_id FROM runs") == [
+        {"outcome": "void", "val_bpb": None, "fact_id": step.fact.id}
+    ]
+    assert book.rows("SELECT outcome FROM results") == [{"outcome": "void"}]

@@ -17,7 +17,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import CAMPAIGN, T0, make_result, make_verification
+from conftest import CAMPAIGN, T0, confirming_looks, make_result, make_verification
 from typer.testing import CliRunner
 
 from node import wire
@@ -45,8 +45,9 @@ IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")  # CI must no
 
 @pytest.fixture
 def ledger_file(tmp_path, alice, bob, carol) -> Path:
-    """Alice's two wins are verified (the second's bytes are not held here), Bob discards one,
-    Carol crashes one and has a claim refuted (Alice confirmed it, Bob refuted it); Bob tried the gpu profile once."""
+    """Alice's two wins are verified (the second's bytes are not held here; the first, the cpu
+    profile's first win, with the looks the outlier hold asks), Bob discards one, Carol crashes
+    one and has a claim refuted (Alice confirmed it, Bob refuted it); Bob tried the gpu profile once."""
     path = tmp_path / "node" / "ledger.db"
     campaign = wire.campaign_body(
         name=CAMPAIGN, organiser=alice.public_key, program=b"# program", baseline=BASE,
@@ -63,7 +64,7 @@ def ledger_file(tmp_path, alice, bob, carol) -> Path:
         make_result(carol, 2, V2, V4, None, outcome="crash", description="bigger batch",
                     time_ms=at(5)),
         make_result(bob, 4, BASE, V6, 1.20, profile="gpu", description="gpu try", time_ms=at(7)),
-        make_verification(bob, 2, first), make_verification(carol, 1, second, delta=-0.05),
+        *confirming_looks(bob, 5, first), make_verification(carol, 1, second, delta=-0.03),
         make_verification(bob, 3, refuted, "refute"), make_verification(alice, 4, refuted),
     ]  # fmt: skip
     with Ledger(path, campaign=CAMPAIGN) as book:
@@ -220,10 +221,10 @@ def test_page_shows_leaderboard_lineage_peers_and_noise(ledger_file, tmp_path, a
     assert "diff not held: this ledger lacks the child version" in lineage  # V2's bytes
 
     peers = {row[1]: row[2:] for row in page.tables["peers"][1:]}
-    # experiments, kept, discarded, crashed, claims verified, claims refuted, verifications made
-    assert peers[alice.peer_id] == ["2", "2", "0", "0", "2", "0", "1"]
-    assert peers[bob.peer_id] == ["2", "1", "1", "0", "0", "0", "2"]
-    assert peers[carol.peer_id] == ["2", "1", "0", "1", "0", "1", "1"]
+    # experiments, kept, discarded, crashed, void, claims verified, claims refuted, verifications made
+    assert peers[alice.peer_id] == ["2", "2", "0", "0", "0", "2", "0", "1"]
+    assert peers[bob.peer_id] == ["2", "1", "1", "0", "0", "0", "0", "4"]
+    assert peers[carol.peer_id] == ["2", "1", "0", "1", "0", "0", "1", "1"]
 
     noise = {row[0]: row[1:] for row in page.tables["noise"][1:]}
     assert noise["cpu"][:2] == ["2", "1.6000, 1.6100"]  # the run of V1 is no baseline run
@@ -336,3 +337,24 @@ def test_bad_input_is_a_one_line_error(ledger_file, tmp_path):
 
 def test_report_explains_itself_with_an_example():
     assert "Example: swarm report" in report("--help")
+
+
+def test_void_runs_and_a_held_claim_are_shown_as_such(tmp_path, alice, bob, carol):
+    path = tmp_path / "ledger.db"
+    scale = make_result(alice, 1, BASE, V1, 1.50, description="wider MLP")
+    outlier = make_result(alice, 2, V1, V2, 1.00, description="too good")
+    void = make_result(carol, 1, V1, V3, None, outcome="void", description="peeks ahead")
+    with Ledger(path, campaign=CAMPAIGN) as book:
+        book.ingest_many(
+            [scale.raw, outlier.raw, void.raw, *(f.raw for f in confirming_looks(bob, 1, scale)),
+             make_verification(bob, 4, outlier, delta=-0.5).raw]
+        )  # fmt: skip
+    report("--db", str(path), "--out", str(tmp_path / "out"))
+    page = Page((tmp_path / "out" / "report.html").read_text())
+    assert "0 crashed, 1 void; 1 verified win" in page.text["summary"]
+    assert "(quorum 1); 1 held for more looks." in page.text["summary"]
+    assert [row[2] for row in page.tables["leaderboard-cpu"][1:]] == [V1[:12]]
+    (held,) = page.tables["held"][1:]
+    assert held[2] == V2[:12] and held[4].startswith("held: gain 0.5000 is 50x the largest")
+    peers = {row[1]: row[2:] for row in page.tables["peers"][1:]}
+    assert peers[carol.peer_id][:5] == ["1", "0", "0", "0", "1"]  # one experiment, void

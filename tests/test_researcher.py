@@ -15,7 +15,7 @@ import re
 import pytest
 from conftest import CAMPAIGN
 
-from node import wire
+from node import consensus, wire
 from node.agent.adoption import best_head, swarm_rows
 from node.agent.crew import Crew
 from node.agent.errors import SpendingLimitReached
@@ -24,7 +24,7 @@ from node.agent.loop import Step
 from node.agent.offline import OfflineProposer
 from node.agent.proposers import Context, Proposal
 from node.agent.researcher import Researcher
-from node.agent.verifier import Verified
+from node.agent.verifier import Verified, verify_claim
 from node.consensus import verified_children
 from node.ledger import Ledger
 from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile, harness_sha256
@@ -116,6 +116,23 @@ def test_a_win_moves_the_head_a_loss_does_not_and_every_run_is_published(book, a
     )
 
 
+def test_a_void_run_is_published_never_kept_and_the_status_says_why(book, alice, tmp_path):
+    landscape = Landscape()
+
+    def cheats_on_narrow(script, *args, **kwargs):
+        result = landscape(script, *args, **kwargs)
+        if "MLP_RATIO = 3 " in script.read_text():  # say, its model peeks at later tokens
+            return dataclasses.replace(result, outcome="void", val_bpb=None, error="it peeks")
+        return result
+
+    worker = researcher(book, alice, tmp_path, Scripted(NARROW), cheats_on_narrow, verify_every=0)
+    step = worker.step()
+    assert step.outcome == "void" and worker.head.sha256 == sha(BASELINE)
+    assert [f.body["outcome"] for f in worker.published] == ["void"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["doing"] == "void: try 1: it peeks"
+
+
 def test_a_restarted_node_resumes_its_own_kept_chain(book, alice, tmp_path):
     landscape = Landscape()
     researcher(book, alice, tmp_path, Scripted(NARROW), landscape, verify_every=0).step()
@@ -165,6 +182,11 @@ def two_verified_wins(book, bob, carol, tmp_path, landscape, bobs_runs=None, **b
         gossip(carols, bobs_book)
         # Each verifies the other's win (step 2 of each verifies, with verify_every=1).
         assert bob_worker.step().verdict == carol_worker.step().verdict == "confirm"
+        # They are the profile's first wins, held for more looks: bob gives carol's its looks
+        # (its gain then sets the scale, and bob's own, within HOLD_FACTOR of it, is verified).
+        gossip(carols, bobs_book)
+        for _ in range(consensus.HOLD_LOOKS - 1):
+            assert bob_worker.step().verdict == "confirm"
         gossip(bobs_book, book)
         gossip(carols, book)
 
@@ -188,7 +210,10 @@ def test_a_head_whose_train_py_has_not_arrived_yet_is_adopted_once_it_has(
     with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
         researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
         gossip(bobs, carols)
-        researcher(carols, carol, tmp_path / "carol", Scripted(), landscape, verify_every=1).step()
+        verifier = researcher(carols, carol, tmp_path / "carol", Scripted(), landscape,
+                              verify_every=1)  # fmt: skip
+        for _ in range(consensus.HOLD_LOOKS):  # the profile's first win: held for more looks
+            assert verifier.step().verdict == "confirm"
         gossip(bobs, book, versions=False)
         gossip(carols, book, versions=False)
         worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=0)
@@ -256,8 +281,9 @@ def test_when_the_proposer_has_nothing_the_step_verifies_instead(book, alice, bo
         gossip(bobs, book)
     spent = SpendingLimitReached("this node has spent $5.0000 on model calls")
     worker = researcher(book, alice, tmp_path, Refusing(spent), landscape, verify_every=10)
-    done = worker.step()  # step 1 of 10 would research, but the proposer refuses
-    assert isinstance(done, Verified) and done.verdict == "confirm"
+    for _ in range(consensus.HOLD_LOOKS):  # a profile's first win is held for more looks
+        done = worker.step()  # step 1 of 10 would research, but the proposer refuses
+        assert isinstance(done, Verified) and done.verdict == "confirm"
     again = worker.step()  # nothing left to verify either: a refused step that ran nothing
     assert isinstance(again, Step) and again.outcome == "refused" and "spent" in again.reason
 
@@ -287,7 +313,10 @@ def test_a_verified_head_that_crashes_here_is_not_adopted(book, alice, bob, caro
     with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
         researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
         gossip(bobs, carols)
-        researcher(carols, carol, tmp_path / "carol", Scripted(), landscape, verify_every=1).step()
+        verifier = researcher(carols, carol, tmp_path / "carol", Scripted(), landscape,
+                              verify_every=1)  # fmt: skip
+        for _ in range(consensus.HOLD_LOOKS):  # the profile's first win: held for more looks
+            assert verifier.step().verdict == "confirm"
         gossip(bobs, book)
         gossip(carols, book)
 
@@ -314,7 +343,15 @@ def test_a_node_whose_own_chain_starts_from_the_new_head_keeps_building_on_its_c
         gossip(book, bobs)
         verifier = researcher(bobs, bob, tmp_path / "bob", Scripted(), landscape, verify_every=1)
         verified = verifier.step()  # the frontier first: alice's NARROW, built on the baseline
-        assert verified.verdict == "confirm"
+        narrow = worker.published[0]
+        assert verified.verdict == "confirm" and verified.fact.body["result"] == narrow.id
+        # The profile's first win is held for more looks; bob gives them to NARROW alone, so
+        # that BOTH, alice's own next keep, stays unverified.
+        claim = bobs.rows("SELECT * FROM results WHERE id = ?", (narrow.id,))[0]
+        for seed in range(100, 99 + consensus.HOLD_LOOKS):
+            again = verify_claim(bobs, bob, claim, verifier.margin, PROFILE, None, tmp_path / "bob",
+                                 seed=seed, parent_val_bpb=verifier.score(BASELINE), run=landscape)  # fmt: skip
+            assert again.verdict == "confirm"
         gossip(bobs, book)
     assert best_head(book, "test", sha(BASELINE), 1, harness_sha256()) == sha(NARROW)
     worker.proposer = type(worker.proposer)(Scripted(SOFTCAP))
@@ -332,7 +369,8 @@ def test_without_a_sandbox_a_node_runs_only_its_own_code_and_that_of_peers_it_tr
         assert bob_worker.step().outcome == "keep"
         gossip(bobs, carols)
         carol_worker = researcher(carols, carol, tmp_path / "carol", Scripted(), landscape, verify_every=1)
-        assert carol_worker.step().verdict == "confirm"  # bob's win, verified by carol
+        for _ in range(consensus.HOLD_LOOKS):  # bob's win, verified by carol: the profile's first
+            assert carol_worker.step().verdict == "confirm"
         gossip(bobs, book)
         gossip(carols, book)
     assert best_head(book, "test", sha(BASELINE), 1, harness_sha256()) == sha(NARROW)
@@ -370,8 +408,9 @@ def test_only_code_the_node_or_peers_it_trusts_wrote_adds_to_its_compiled_kernel
     bobs_runs = Recording()
     two_verified_wins(book, bob, carol, tmp_path, Landscape(), bobs_runs,
                       compile_cache=CompileCache(tmp_path / "bob" / "compiled"))  # fmt: skip
-    # bob's baseline runs and his own win write; his run of carol's win does not.
-    assert bobs_runs.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, True), (FOUR_STEPS, False)]
+    # bob's baseline runs and his own win write; his runs of carol's win (one a look) do not.
+    assert bobs_runs.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, True),
+                               *[(FOUR_STEPS, False)] * consensus.HOLD_LOOKS]  # fmt: skip
 
     trusting = Recording()
     worker = researcher(book, alice, tmp_path / "alice", Scripted(), trusting, verify_every=0,

@@ -8,7 +8,15 @@ import random
 import subprocess
 import sys
 
-from conftest import BASELINE, CAMPAIGN, make_result, make_verification
+from conftest import (
+    BASELINE,
+    CAMPAIGN,
+    confirming_looks,
+    looks_rows,
+    make_result,
+    make_verification,
+    vote_row,
+)
 
 from node import wire
 from node.ledger import Ledger
@@ -19,20 +27,19 @@ def claim(rid, author, outcome="keep", profile="test", harness="h"):
     return {"id": rid, "author": author, "outcome": outcome, "profile": profile, "harness": harness}
 
 
-def vote(rid, author, verdict, profile="test", harness="h"):
-    return {
-        "result": rid,
-        "author": author,
-        "verdict": verdict,
-        "profile": profile,
-        "harness": harness,
-    }
+def vote(rid, author, verdict, profile="test", harness="h", seed=7):
+    delta = -0.01 if verdict in ("confirm", "inconclusive", "refute") else None
+    return vote_row(rid, author, verdict, profile=profile, harness=harness, delta=delta, seed=seed)
 
 
 def judged(author: str, verdicts: list[str], voter: str = "v1") -> tuple[list[dict], list[dict]]:
-    """Claims by `author`, each judged once by `voter` with the given verdict."""
+    """Claims by `author`, each judged by `voter` with the given verdict: once, or for a
+    confirmation with the looks the outlier hold asks of a profile's first win."""
     results = [claim(f"{author}{i}", author) for i in range(len(verdicts))]
-    votes = [vote(f"{author}{i}", voter, v) for i, v in enumerate(verdicts)]
+    votes = []
+    for i, v in enumerate(verdicts):
+        rid = f"{author}{i}"
+        votes += looks_rows(rid, voter, profile="test") if v == "confirm" else [vote(rid, voter, v)]
     return results, votes
 
 
@@ -98,6 +105,56 @@ def test_a_verifier_that_once_confirmed_a_refuted_claim_keeps_standing():
     bad_votes += [vote(bad[0]["id"], "noisy", "confirm")]
     standing = peer_standing(good + bad, good_votes + bad_votes, quorum=2)
     assert standing["noisy"].false_confirms == 1 and not standing["noisy"].silenced
+
+
+CHEAT = "1a2b3c4d5e6f" + "0" * 52  # a result id
+
+
+def test_one_void_verdict_silences_the_author_at_once():
+    results = [claim(CHEAT, "cheat"), *judged("cheat", ["confirm"] * 3)[0]]
+    votes = [vote(CHEAT, "v1", "void"), *judged("cheat", ["confirm"] * 3)[1]]
+    standing = peer_standing(results, votes)["cheat"]
+    assert standing.silenced and (standing.claims, standing.failed, standing.voided) == (4, 1, 1)
+    assert standing.reasons == (
+        "its claim 1a2b3c4d5e6f was found void by 1 peer(s): its score broke the harness's rules",
+    )  # no rate of failures needed: no noise voids a run
+    assert not peer_standing(results, votes, quorum=2)["cheat"].silenced  # one void of two
+    both = [*votes, vote(CHEAT, "v2", "void")]
+    assert peer_standing(results, both, quorum=2)["cheat"].silenced
+    outvoted = [*votes, *looks_rows(CHEAT, "v2", profile="test"), vote(CHEAT, "v3", "confirm")]
+    assert not peer_standing(results, outvoted)["cheat"].silenced  # 2 confirm it, 1 found it void
+
+
+def test_confirmers_of_a_claim_found_void_are_false_confirmers_unless_they_found_it_void():
+    results = [claim(f"{i}{CHEAT[1:]}", "cheat") for i in range(3)]
+    votes = []
+    for r in results:
+        votes += [
+            vote(r["id"], "v1", "void"),
+            vote(r["id"], "v2", "void"),
+            vote(r["id"], "crony", "confirm"),
+        ]
+        votes += [vote(r["id"], "v3", "confirm"), vote(r["id"], "v3", "void", seed=8)]  # fmt: skip
+    standing = peer_standing(results, votes, quorum=2)
+    assert standing["crony"].false_confirms == 3 and standing["crony"].silenced
+    assert standing["v3"].false_confirms == 0 and standing["v3"].status == "good"  # it saw it
+    assert standing["cheat"].voided == 3 and standing["cheat"].reasons[0] == (
+        "its claim 0a2b3c4d5e6f was found void by 3 peer(s): its score broke the harness's rules "
+        "(and 2 more of its claims)"
+    )
+
+
+def test_a_peers_own_void_results_cost_it_nothing(tmp_path, alice, bob, carol):
+    """Its own node voided them before they could be claimed: that is the system working."""
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        for seq in range(1, 6):
+            void = make_result(alice, seq, BASELINE, f"{seq:064x}", None, outcome="void")
+            book.ingest(void.raw)
+            book.ingest(make_verification(bob, seq, void, "void").raw)  # no claim: no verdict
+        win = make_result(alice, 6, BASELINE, "66" * 32, 1.4)
+        book.ingest_many([win.raw, *(f.raw for f in confirming_looks(carol, 1, win))])
+        standing = ledger_standing(book)[alice.peer_id]
+    assert (standing.status, standing.claims, standing.failed, standing.voided) == ("good", 1, 0, 0)
 
 
 def test_refused_messages_weigh_by_kind_and_forgive_a_newer_protocol():

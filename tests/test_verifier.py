@@ -6,13 +6,15 @@ import dataclasses
 import hashlib
 
 import pytest
-from conftest import CAMPAIGN, make_result, make_verification
+from conftest import CAMPAIGN, looks_rows, make_result, make_verification, vote_row
 
 from node import consensus
 from node.agent.errors import AgentError
 from node.agent.verifier import claims_to_verify, ledger_claims_to_verify, verify_claim
 from node.ledger import Ledger
+from node.standing import ledger_standing, silenced
 from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile, harness_sha256
+from node.trainer.runner import OVERRUN
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
 LOOP = "for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):"
@@ -32,8 +34,13 @@ def row(rid, author, bpb, outcome="keep", profile="test", harness="h"):
             "harness": harness, "parent": "p", "child": f"c{rid}"}  # fmt: skip
 
 
-def vote(rid, author, verdict="confirm"):
-    return {"result": rid, "author": author, "verdict": verdict, "profile": "test", "harness": "h"}
+def vote(rid, author, verdict="confirm", seed=7, delta=-0.01):
+    return vote_row(rid, author, verdict, profile="test", delta=delta, seed=seed)
+
+
+def verified(rid, author):
+    """`author`'s confirming looks of `rid`: as many as the outlier hold asks of a first win."""
+    return looks_rows(rid, author, profile="test")
 
 
 def test_a_node_verifies_open_claims_of_others_most_promising_first():
@@ -45,7 +52,7 @@ def test_a_node_verifies_open_claims_of_others_most_promising_first():
     ]  # fmt: skip
     verifications = [
         vote("r6", "me", "refute"),  # judged by this node already
-        vote("r7", "alice"),  # verified by the quorum (1)
+        *verified("r7", "alice"),  # verified by the quorum (1)
         vote("r8", "carol", "refute"),  # refuted by the quorum
         vote("r9", "carol"),  # its author's own vote: still open
     ]
@@ -86,8 +93,13 @@ def test_claims_on_the_frontier_come_first_so_a_chain_can_be_adopted_from_the_ba
     ]
     picked = claims_to_verify(results, [], "me", "test", "h", baseline="base")
     assert [r["id"] for r in picked] == ["first", "side", "deep"]
-    once_first_is_verified = claims_to_verify(results, [vote("first", "carol")], "me", "test", "h", baseline="base")
-    assert [r["id"] for r in once_first_is_verified] == ["deep", "side"]  # v1 is now on the frontier
+    once_first_is_verified = claims_to_verify(
+        results, verified("first", "carol"), "me", "test", "h", baseline="base"
+    )
+    assert [r["id"] for r in once_first_is_verified] == [
+        "deep",
+        "side",
+    ]  # v1 is now on the frontier
 
 
 def test_a_claim_found_inconclusive_gets_another_look_after_all_others_up_to_max_looks():
@@ -96,8 +108,54 @@ def test_a_claim_found_inconclusive_gets_another_look_after_all_others_up_to_max
     assert [r["id"] for r in claims_to_verify(results, once, "me", "test", "h")] == ["r2", "r1"]
     enough = once * consensus.MAX_LOOKS
     assert [r["id"] for r in claims_to_verify(results, enough, "me", "test", "h")] == ["r2"]
-    decided = [*once, vote("r1", "me", "confirm")]
+    decided = [*once, vote("r1", "me", "refute", seed=8)]
     assert [r["id"] for r in claims_to_verify(results, decided, "me", "test", "h")] == ["r2"]
+
+
+def test_the_verifier_requeues_a_held_claim_for_its_confirmers_after_all_others():
+    results = [row("scale", "alice", 1.45), row("r1", "alice", 1.3), row("r2", "bob", 1.4)]
+    scale = verified("scale", "carol")  # the largest verified gain on the profile: 0.01
+    once = [*scale, vote("r1", "me", delta=-0.2)]  # 20 times that: held for more looks
+    assert consensus.held_claims(results, once).keys() == {"r1"}
+    assert [r["id"] for r in claims_to_verify(results, once, "me", "test", "h")] == ["r2", "r1"]
+    assert [r["id"] for r in claims_to_verify(results, once, "dave", "test", "h")] == ["r1", "r2"]
+    twice = [*once, vote("r1", "me", seed=8, delta=-0.2)]  # the same verifier again, fresh seed
+    assert [r["id"] for r in claims_to_verify(results, twice, "me", "test", "h")] == ["r2", "r1"]
+    enough = [*twice, vote("r1", "me", seed=9, delta=-0.2)]
+    assert consensus.held_claims(results, enough) == {}  # verified now: nobody looks again
+    assert [r["id"] for r in claims_to_verify(results, enough, "me", "test", "h")] == ["r2"]
+    unsure = [
+        *once,
+        *(vote("r1", "me", "inconclusive", seed=20 + i) for i in range(consensus.MAX_LOOKS)),
+    ]
+    assert [r["id"] for r in claims_to_verify(results, unsure, "me", "test", "h")] == ["r2"]
+
+
+def test_a_held_claim_on_the_frontier_comes_again_before_new_claims_off_it():
+    def claim(rid, parent, bpb, author="bob"):
+        return {**row(rid, author, bpb), "parent": parent}
+
+    results = [
+        claim("first", "base", 1.30),  # the profile's first win: held for more looks
+        claim("deep", "cfirst", 1.10),  # built on it: off the frontier while it is unverified
+        claim("side", "base", 1.40, author="carol"),  # a new claim on the frontier
+    ]
+    once = [vote("first", "me")]
+    picked = claims_to_verify(results, once, "me", "test", "h", baseline="base")
+    assert [r["id"] for r in picked] == ["side", "first", "deep"]  # a stream of deep claims
+    # (each node's own chain of keeps) cannot starve the look that would verify the first win
+
+
+def test_a_claim_another_peer_found_void_gets_another_look_from_its_confirmers():
+    results = [row("scale", "alice", 1.45), row("r1", "alice", 1.44), row("r2", "bob", 1.4)]
+    scale = [*verified("scale", "carol"), *verified("scale", "dave")]
+    split = [*scale, vote("r1", "me"), vote("r1", "carol", "void", delta=None)]
+    assert not consensus.verified_children(results, split, 2).keys() & {"r1"}
+    assert "r1" not in consensus.refuted_claims(results, split, 2)  # one void of the two needed
+    assert [r["id"] for r in claims_to_verify(results, split, "me", "test", "h", 2)] == ["r2", "r1"]
+    void_too = [*split, vote("r1", "me", "void", seed=8, delta=None)]  # found on a second look
+    assert "r1" in consensus.refuted_claims(results, void_too, 2)
+    assert [r["id"] for r in claims_to_verify(results, void_too, "me", "test", "h", 2)] == ["r2"]
 
 
 @pytest.fixture
@@ -114,17 +172,24 @@ def claim_in(book, author, parent: str, child: str, bpb: float = 1.4):
     return {"id": fact.id, "author": author.peer_id, **fact.body}
 
 
-def scripted_run(scores: dict[str, float | None]):
-    """A runner that scores each train.py as told, without training (for verdict logic)."""
+VOID = "void"  # a score of scripted_run's: the harness refused to score the run
+
+
+def scripted_run(scores: dict[str, float | str | None]):
+    """A runner that scores each train.py as told, without training (for verdict logic): a
+    number, None (a crash) or VOID."""
 
     def run(script, profile, data, run_dir, seed=0):
         source = script.read_text()
         bpb = scores[source]
+        outcome = "void" if bpb == VOID else "ok" if bpb is not None else "crash"
+        error = {"ok": None, "crash": "train.py exited with code 1",
+                 "void": "its predictions depend on later tokens"}[outcome]  # fmt: skip
         return RunResult(
-            outcome="ok" if bpb is not None else "crash", val_bpb=bpb, steps=1, tokens=64,
+            outcome=outcome, val_bpb=bpb if outcome == "ok" else None, steps=1, tokens=64,
             train_seconds=1.0, total_seconds=2.0, peak_memory_mb=None, mfu=None,
             train_py_sha256=sha(source), harness_sha256=HARNESS, profile=profile.name, seed=seed,
-            data_sha256="d", error=None if bpb is not None else "train.py exited with code 1",
+            data_sha256="d", error=error,
         )  # fmt: skip
 
     return run
@@ -132,8 +197,13 @@ def scripted_run(scores: dict[str, float | None]):
 
 @pytest.mark.parametrize(
     ("child_bpb", "parent_bpb", "expected"),
-    [(1.40, 1.50, "confirm"), (1.499, 1.50, "inconclusive"), (1.51, 1.50, "refute"),
-     (None, 1.50, "crash")],  # fmt: skip
+    [
+        (1.40, 1.50, "confirm"),
+        (1.499, 1.50, "inconclusive"),
+        (1.51, 1.50, "refute"),
+        (None, 1.50, "crash"),
+        (VOID, 1.50, "void"),
+    ],  # fmt: skip
 )
 def test_the_verdict_comes_from_this_nodes_own_runs(
     book, alice, bob, tmp_path, child_bpb, parent_bpb, expected
@@ -143,6 +213,7 @@ def test_the_verdict_comes_from_this_nodes_own_runs(
     run = scripted_run({child: child_bpb, BASELINE: parent_bpb})
     done = verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path, seed=9, run=run)
     assert done.verdict == expected and done.parent_val_bpb == parent_bpb
+    assert done.child_val_bpb == (child_bpb if isinstance(child_bpb, float) else None)
     body = done.fact.body
     assert (body["result"], body["verdict"], body["seed"]) == (claimed["id"], expected, 9)
     stored = book.rows("SELECT author, verdict FROM verifications")
@@ -169,13 +240,63 @@ def test_a_node_never_verifies_its_own_claim_nor_one_it_cannot_read(book, alice,
     assert book.rows("SELECT COUNT(*) AS n FROM verifications") == [{"n": 0}]
 
 
-def test_a_crashed_parent_run_publishes_no_verdict(book, alice, bob, tmp_path):
+@pytest.mark.parametrize(("parent_bpb", "what"), [(None, "crashed"), (VOID, "was voided")])
+def test_a_crashed_or_voided_parent_run_publishes_no_verdict(
+    book, alice, bob, tmp_path, parent_bpb, what
+):
     child = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
     claimed = claim_in(book, alice, BASELINE, child)
-    with pytest.raises(AgentError, match="own run of the parent.*crashed"):
-        verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path,
-                     run=scripted_run({child: 1.4, BASELINE: None}))  # fmt: skip
+    for child_bpb in (1.4, VOID):  # this node's problem, whatever the child did
+        with pytest.raises(AgentError, match=f"own run of the parent.*{what}"):
+            verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path,
+                         run=scripted_run({child: child_bpb, BASELINE: parent_bpb}))  # fmt: skip
     assert book.rows("SELECT COUNT(*) AS n FROM verifications") == [{"n": 0}]
+
+
+def test_a_void_for_training_past_the_budget_is_run_again_before_it_is_published(
+    book, alice, bob, tmp_path
+):
+    """A pause of the verifier's machine at the budget's end looks like training past it; the
+    verdict costs the author its standing at once, so the child is run a second time first."""
+    child = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+    claimed = claim_in(book, alice, BASELINE, child, bpb=1.4)
+    honest, calls = scripted_run({child: 1.4, BASELINE: 1.5}), []
+
+    def paused_once(script, profile, data, run_dir, seed=0):
+        result = honest(script, profile, data, run_dir, seed)
+        calls.append(script.read_text() == child)
+        if calls == [True]:
+            return dataclasses.replace(result, outcome="void", val_bpb=None,
+                                       error=f"training ran 2.60 s, {OVERRUN} of 2 s")  # fmt: skip
+        return result
+
+    done = verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path, seed=4, run=paused_once)
+    assert calls == [True, True, False]  # the child twice, then the parent
+    assert done.verdict == "confirm" and done.child_run.outcome == "ok"
+    assert [r["outcome"] for r in book.rows("SELECT outcome FROM runs ORDER BY id")] == [
+        "void", "ok", "ok"
+    ]  # fmt: skip
+
+
+def test_verifier_reports_void_when_the_childs_rerun_is_voided(book, alice, bob, carol, tmp_path):
+    child = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
+    claimed = claim_in(book, alice, BASELINE, child, bpb=0.5)  # a great score, by cheating
+    run = scripted_run({child: VOID, BASELINE: 1.5})
+    done = verify_claim(book, bob, claimed, 0.01, FAST, None, tmp_path, seed=4, run=run)
+    assert done.verdict == "void" and done.child_run.outcome == "void"
+    body = done.fact.body
+    assert (body["verdict"], body["child_val_bpb"], body["parent_val_bpb"], body["delta"]) == (
+        "void",
+        None,
+        1.5,
+        None,
+    )
+    assert book.rows("SELECT verdict FROM verifications") == [{"verdict": "void"}]
+    assert book.rows("SELECT outcome FROM runs ORDER BY id") == [
+        {"outcome": "void"}, {"outcome": "ok"}
+    ]  # fmt: skip
+    assert ledger_claims_to_verify(book, carol.peer_id, "test", HARNESS) == []  # settled: failed
+    assert alice.peer_id in silenced(ledger_standing(book))  # at once
 
 
 def test_a_real_win_is_confirmed_by_a_peer_and_becomes_verified(
@@ -191,8 +312,17 @@ def test_a_real_win_is_confirmed_by_a_peer_and_becomes_verified(
     assert done.child_val_bpb < done.parent_val_bpb - 0.3
     assert done.fact.body["harness"] == HARNESS
     results = book.rows("SELECT id, author, profile, harness FROM results")
-    verifications = book.rows("SELECT result, author, verdict, profile, harness FROM verifications")
-    assert set(consensus.verified_children(results, verifications)) == {claimed["id"]}
+    sql = "SELECT result, author, verdict, profile, harness, delta, seed FROM verifications"
+    # The profile's first verified win sets the outlier hold's scale: it needs more looks, and
+    # this node gives them, each with a fresh seed, against its own score of the parent.
+    assert consensus.held_claims(results, book.rows(sql)).keys() == {claimed["id"]}
+    for seed in range(4, 3 + consensus.HOLD_LOOKS):
+        (again,) = ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS)
+        assert again["id"] == claimed["id"]
+        look = verify_claim(book, bob, again, 0.01, FAST, small_data, tmp_path, seed=seed,
+                            parent_val_bpb=done.parent_val_bpb)  # fmt: skip
+        assert look.verdict == "confirm", look.child_run.error
+    assert set(consensus.verified_children(results, book.rows(sql))) == {claimed["id"]}
     assert ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS) == []  # judged now
 
 

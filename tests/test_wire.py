@@ -152,6 +152,39 @@ def test_a_trainer_run_becomes_a_result_body(alice):
     assert discarded["outcome"] == "discard"
 
 
+def test_a_void_run_becomes_a_void_result_never_kept_and_needs_no_score(alice):
+    from node.trainer.runner import RunResult
+
+    run = RunResult(
+        outcome="void", val_bpb=None, steps=900, tokens=460_800, train_seconds=120.0,
+        total_seconds=141, peak_memory_mb=None, mfu=None, train_py_sha256="11" * 32,
+        harness_sha256=HARNESS, profile="cpu", seed=3, data_sha256="22" * 32,
+        error="its predictions depend on later tokens",
+    ).as_dict()  # fmt: skip
+    body = wire.result_body_from_run(run, parent="00" * 32, diff=b"", description="x", keep=True)
+    assert body["outcome"] == "void" and body["metrics"]["val_bpb"] is None
+    assert wire.sign(alice, "result", CAMPAIGN, 1, body, T0).body == body
+    scored = {**run, "val_bpb": 0.5}  # whatever number came with it: never a keep
+    assert wire.result_body_from_run(
+        scored, parent="00" * 32, diff=b"", description="x", keep=True
+    )["outcome"] == "void"  # fmt: skip
+    unscored = {**body, "outcome": "discard"}
+    with pytest.raises(wire.WireError, match="only a crash or a void run may lack val_bpb"):
+        wire.sign(alice, "result", CAMPAIGN, 2, unscored, T0)
+
+
+def test_a_verifier_can_sign_a_void_verdict(alice):
+    claim = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
+    body = wire.verification_body(
+        result=claim.id, child_val_bpb=None, parent_val_bpb=1.5, seed=4, profile="cpu",
+        harness=HARNESS, verdict="void",
+    )  # fmt: skip
+    fact = wire.sign(alice, "verification", CAMPAIGN, 2, body, T0)
+    assert wire.decode(fact.raw, CAMPAIGN, now_ms=T0) == fact and fact.body["delta"] is None
+    assert wire.OUTCOMES == ("keep", "discard", "crash", "void")
+    assert wire.VERDICTS == ("confirm", "refute", "inconclusive", "crash", "void")
+
+
 def test_signing_twice_gives_the_same_bytes_and_id(alice):
     first = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
     second = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)

@@ -20,24 +20,26 @@ Trusted = Callable[[str], bool]  # may this node run code that this peer id made
 MERGE_PREFIX = "merge of "  # how a merge proposal's description starts
 
 
-def swarm_rows(
-    ledger: Ledger, profile: str, trusted: Trusted | None = None
-) -> tuple[list[dict], list[dict]]:
-    """(results, verifications) of `profile` from the ledger, as `consensus` reads them. With
-    `trusted`, only the results of authors it accepts (a node without a sandbox runs no one
-    else's code); verifications run nothing, so all of them count."""
+def swarm_rows(ledger: Ledger, profile: str) -> tuple[list[dict], list[dict]]:
+    """(results, verifications) of `profile` from the ledger, all of them, as `consensus` reads
+    them. A node without a sandbox still reads every author's results, and reaches only through
+    those it trusts (`reach`): the outlier hold weighs a claim against every verified gain of
+    its profile, whoever made it."""
     results = ledger.rows(
         "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description "
         "FROM results WHERE profile = ?",
         (profile,),
     )
-    if trusted is not None:
-        results = [r for r in results if trusted(r["author"])]
     verifications = ledger.rows(
-        "SELECT result, author, verdict, profile, harness FROM verifications WHERE profile = ?",
+        "SELECT result, author, verdict, profile, harness, delta, seed FROM verifications "
+        "WHERE profile = ?",
         (profile,),
     )
     return results, verifications
+
+
+def _reach(trusted: Trusted | None) -> Callable[[Mapping[str, Any]], bool] | None:
+    return None if trusted is None else (lambda r: trusted(r["author"]))
 
 
 def best_head(
@@ -46,8 +48,10 @@ def best_head(
 ) -> str:  # fmt: skip
     """The sha256 of the best verified train.py of `profile` that the ledger's facts give
     (reached through `trusted` authors' results only, when given)."""
-    results, verifications = swarm_rows(ledger, profile, trusted)
-    return consensus.best_head(results, verifications, profile, baseline, quorum, harness)
+    results, verifications = swarm_rows(ledger, profile)
+    return consensus.best_head(
+        results, verifications, profile, baseline, quorum, harness, reach=_reach(trusted)
+    )
 
 
 def descends_from(version: str, ancestor: str, kept_parent: Callable[[str], str | None]) -> bool:
@@ -86,16 +90,20 @@ def merge_proposals(
     """Verified wins made on other parents than `head`, each merged three-way onto the head
     (its parent as the base), best claimed val_bpb first. Wins already in the head's lineage,
     conflicting merges, and merges that do not compile are left out."""
-    results, verifications = swarm_rows(ledger, profile, trusted)
-    return merges_onto(head, results, verifications, ledger.version, quorum, harness)
+    results, verifications = swarm_rows(ledger, profile)
+    return merges_onto(
+        head, results, verifications, ledger.version, quorum, harness, reach=_reach(trusted)
+    )
 
 
 def merges_onto(
     head: str, results: list[Mapping[str, Any]], verifications: list[Mapping[str, Any]],
     version: Callable[[str], bytes | None], quorum: int = 1, harness: str | None = None,
+    reach: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> list[Proposal]:  # fmt: skip
     """`merge_proposals` over given rows, with `version` giving a train.py's bytes by sha256
-    (None when not held). Pure apart from what `version` does."""
+    (None when not held); with `reach`, only the verified wins it accepts are merged. Pure
+    apart from what `version` does."""
     head_source = version(head)
     if head_source is None:
         return []
@@ -108,9 +116,8 @@ def merges_onto(
     verified = consensus.verified_children(kept, verifications, quorum)
     lineage = _ancestors(results, head)
     out, seen = [], set()
-    for r in sorted(
-        (r for r in kept if r["id"] in verified), key=lambda r: (r["val_bpb"], r["id"])
-    ):
+    wins = (r for r in kept if r["id"] in verified and (reach is None or reach(r)))
+    for r in sorted(wins, key=lambda r: (r["val_bpb"], r["id"])):
         if r["child"] in lineage or r["parent"] == head:
             continue
         parent, child = version(r["parent"]), version(r["child"])

@@ -1,5 +1,6 @@
 """One research step: from the node's head, a proposal, its checks, one run, the decision, and
-a signed `result` in the ledger for every experiment that ran (discards and crashes too).
+a signed `result` in the ledger for every experiment that ran (discards, crashes and void runs
+too: a run the harness refused to score, because it broke the measurement's rules, is never kept).
 
 It never runs a change that failed its checks, and never touches the network: the caller
 gossips the fact it returns.
@@ -51,7 +52,8 @@ class Head:
 
 @dataclass(frozen=True)
 class Step:
-    """What one step did. `outcome` is keep, discard or crash after a run; refused without one."""
+    """What one step did. `outcome` is keep, discard, crash or void after a run; refused without
+    one."""
 
     outcome: str
     head: Head  # the node's head after the step: the child on a keep, else unchanged
@@ -103,7 +105,10 @@ def research_step(
         script.write_text(proposal.source)
         result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
         score = result.val_bpb if result.outcome == "ok" else None
-        outcome = consensus.keep_or_discard(score, head.val_bpb, margin)
+        if result.outcome == "void":  # the harness refused to score it: nothing to weigh
+            outcome = "void"
+        else:
+            outcome = consensus.keep_or_discard(score, head.val_bpb, margin)
         body = wire.result_body_from_run(
             result.as_dict(), parent=head.sha256, diff=diff.encode(),
             description=proposal.description, keep=outcome == "keep",

@@ -24,7 +24,7 @@ class Attempt:
     """One experiment already made on the parent: by this node or a peer, with its outcome."""
 
     description: str
-    outcome: str  # keep, discard or crash
+    outcome: str  # keep, discard, crash or void (the harness refused to score it), or running
     delta: float | None  # child minus parent val_bpb (negative is better); None if unknown
     diff_hash: str
     by: str = "a peer"  # "this node" or a peer id

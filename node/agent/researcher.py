@@ -81,7 +81,8 @@ class Researcher:
         return self.seed * 1_000_003 + done
 
     def _measure(self, source: str, why: str) -> float | None:
-        """Run `source` once with a fresh seed and record the run; its val_bpb, None on a crash."""
+        """Run `source` once with a fresh seed and record the run; its val_bpb, None when it
+        crashed or its harness voided it."""
         seed = self._next_seed()
         version = self.ledger.add_version(source.encode())
         self._set(f"{why}: running {version[:12]} (seed {seed})")
@@ -101,7 +102,9 @@ class Researcher:
         version = self.ledger.add_version(source.encode())
         scores = self.own_scores(version) or [self._measure(source, "score")]
         if scores[0] is None:
-            raise AgentError(f"train.py {version[:12]} crashed on this node: it cannot build on it")
+            raise AgentError(
+                f"train.py {version[:12]} crashed or was voided on this node: it cannot build on it"
+            )
         return statistics.fmean(scores)
 
     # ------------------------------------------------------------ the loop
@@ -111,8 +114,8 @@ class Researcher:
         while len(self.own_scores(self.baseline)) < self.noise_runs:
             if self._measure(self.baseline_source, "noise") is None:
                 raise AgentError(
-                    "the baseline train.py crashed on this node: check `swarm run` on this "
-                    "profile before joining"
+                    "the baseline train.py crashed or was voided on this node: check `swarm run` "
+                    "on this profile before joining"
                 )
         self.margin = noise_margin(self.own_scores(self.baseline))
         self._adopt()
@@ -241,7 +244,10 @@ class Researcher:
         if step.outcome == "keep":
             self.crew.kept(step.head)
         self.head = step.head
-        self._set(f"{step.outcome}: {step.description or step.reason}"[:200])
+        if step.outcome == "void":  # the harness refused to score it: say why, as for a person
+            self._set(f"void: {step.description}: {step.reason}"[:200])
+        else:
+            self._set(f"{step.outcome}: {step.description or step.reason}"[:200])
         if step.outcome == "refused" and self.verify_every:
             return self._verify_one() or step
         return step

@@ -1,5 +1,6 @@
 """Verification: re-run other peers' most promising unverified claims on this machine, with this
-node's own seed, and publish a signed verdict measured against its own run of the parent.
+node's own seed, and publish a signed verdict measured against its own run of the parent (void
+when this node's harness refused to score the child: it broke the measurement's rules).
 
 It never trusts a claimed number, never verifies its own claims (they would not count), and
 never runs a stranger's train.py that fails the node's checks.
@@ -21,6 +22,7 @@ from node.identity import Identity
 from node.ledger import Ledger
 from node.standing import ledger_standing, silenced
 from node.trainer import Profile, RunResult, TokenData, run_experiment
+from node.trainer.runner import OVERRUN
 
 Run = Callable[..., RunResult]
 
@@ -41,7 +43,12 @@ def claims_to_verify(
     first, so that a flood of claims by one author cannot starve the others; each author's
     claims by lowest claimed val_bpb (the likeliest next heads), ties by id, at most
     `per_author` of them. Claims this node found inconclusive come after all others, for
-    another look, until it has looked `consensus.MAX_LOOKS` times. Pure: no I/O."""
+    another look, until it has looked `consensus.MAX_LOOKS` times. Claims this node confirmed
+    that need more looks (held as outliers, `consensus.held_claims`, or found void by another
+    peer and not settled) come again, each look on a fresh seed, until the claim is settled or
+    this node has given it MAX_LOOKS inconclusive looks (or MAX_LOOKS + HOLD_LOOKS in all):
+    right after the new claims on the frontier when on it (the likeliest next heads: a stream
+    of new claims off the frontier must not starve them), else after all others. Pure: no I/O."""
     results = [r for r in results if r["profile"] == profile and r["outcome"] == "keep"]
     claims = [
         r
@@ -49,33 +56,49 @@ def claims_to_verify(
         if r["harness"] == harness and r["author"] != me and r["val_bpb"] is not None
     ]  # fmt: skip
     verifications = list(verifications)
-    verified_all = consensus.verified_children(
-        [r for r in results if r["harness"] == harness], verifications, quorum
-    )
+    measured = [r for r in results if r["harness"] == harness]
+    settled = set(consensus.verified_children(measured, verifications, quorum))
     by_id = {r["id"]: r for r in results}
-    frontier = {baseline} | {by_id[rid]["child"] for rid in verified_all}
+    frontier = {baseline} | {by_id[rid]["child"] for rid in settled}
     mine = [v for v in verifications if v["author"] == me]
     looks = Counter(v["result"] for v in mine)
-    looked = {v["result"] for v in mine if v["verdict"] == "inconclusive"}
+    unsure = Counter(v["result"] for v in mine if v["verdict"] == "inconclusive")
+    looked = set(unsure)
     judged = {v["result"] for v in mine if v["verdict"] != "inconclusive"} | {
         rid for rid, n in looks.items() if n >= consensus.MAX_LOOKS
     }
-    settled = set(consensus.verified_children(claims, verifications, quorum))
     refuted = consensus.refuted_claims(claims, verifications, quorum)
+    # Claims this node confirmed that need more looks, its own verdict still a confirmation.
+    votes = consensus.peer_verdicts(measured, verifications)
+    contested = {rid for rid, by in votes.items() if "void" in by.values()}
+    again = {
+        rid
+        for rid in set(consensus.held_claims(measured, verifications, quorum)) | contested
+        if votes.get(rid, {}).get(me) == "confirm"
+        and unsure[rid] < consensus.MAX_LOOKS
+        and looks[rid] < consensus.MAX_LOOKS + consensus.HOLD_LOOKS
+    }
     open_claims = {
         r["id"]: r
         for r in claims
-        if r["id"] not in judged | settled | refuted and r["author"] not in skip
+        if r["id"] not in (judged - again) | settled | refuted and r["author"] not in skip
     }  # one per id, whatever the order of arrival
     served = Counter(by_id[rid]["author"] for rid in judged | looked if rid in by_id)
-    queues: dict[tuple[bool, bool, str], list[Mapping[str, Any]]] = {}
+
+    def tier(r: Mapping[str, Any]) -> int:
+        on = r["parent"] in frontier
+        if r["id"] in again:
+            return 1 if on else 5
+        return (3 if on else 4) if r["id"] in looked else (0 if on else 2)
+
+    queues: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
     for r in sorted(open_claims.values(), key=lambda r: (r["val_bpb"], r["id"])):
-        queue = queues.setdefault((r["id"] in looked, r["parent"] not in frontier, r["author"]), [])
+        queue = queues.setdefault((tier(r), r["author"]), [])
         if len(queue) < per_author:
             queue.append(r)
     ranked = sorted(
-        ((again, later, served[author] + turn, r["val_bpb"], r["id"]), r)
-        for (again, later, author), queue in queues.items()
+        ((rank, served[author] + turn, r["val_bpb"], r["id"]), r)
+        for (rank, author), queue in queues.items()
         for turn, r in enumerate(queue)
     )  # fmt: skip
     return [r for _, r in ranked[:limit]]
@@ -93,7 +116,8 @@ def ledger_claims_to_verify(
         (profile,),
     )
     verifications = ledger.rows(
-        "SELECT result, author, verdict, profile, harness FROM verifications WHERE profile = ?",
+        "SELECT result, author, verdict, profile, harness, delta, seed FROM verifications "
+        "WHERE profile = ?",
         (profile,),
     )
     skip = silenced(ledger_standing(ledger, quorum))
@@ -121,9 +145,12 @@ def verify_claim(
 ) -> Verified:  # fmt: skip
     """Run the claim's child (and its parent, unless `parent_val_bpb` is this node's own earlier
     score of it) and publish a `verification` with the verdict of `consensus.verdict`, which
-    also weighs this node's earlier, inconclusive looks at the claim (their signed deltas). A
-    child that fails `check` (the policy) never runs and is refuted: no honest node could have
-    run it."""
+    also weighs this node's earlier looks at the claim (their signed deltas): inconclusive
+    ones, and confirming ones when the claim is held for more looks. A child that fails `check`
+    (the policy) never runs and is refuted: no honest node could have run it. A child whose run
+    this node's harness voided is void: the author skipped the checks or cheated; a void for
+    training past the budget is run once more first. A parent run
+    that crashes or is voided is this node's problem: no verdict, an AgentError."""
     if claim["author"] == me.peer_id:
         raise AgentError("a node cannot verify its own claim: its confirmation would not count")
     sources = {}
@@ -147,25 +174,34 @@ def verify_claim(
             return Verified("refute", None, parent_val_bpb, fact, None, None)
     base = Path(work_dir) / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{claim['id'][:12]}"
     child_run = _run(ledger, sources["child"], "child", claim, profile, data, base, seed, run)
+    if child_run.outcome == "void" and OVERRUN in (child_run.error or ""):
+        # A pause of this machine at the budget's end can look like training past it: a void
+        # costs the author its standing at once, so the run must show it twice.
+        child_run = _run(ledger, sources["child"], "child", claim, profile, data, base, seed,
+                         run, again=True)  # fmt: skip
     parent_run = None
     if parent_val_bpb is None:
         parent_run = _run(
             ledger, sources["parent"], "parent", claim, profile, data, base, seed, run
         )
         if parent_run.outcome != "ok" or parent_run.val_bpb is None:
+            what = "was voided by its harness" if parent_run.outcome == "void" else "crashed"
             raise AgentError(
-                f"this node's own run of the parent {claim['parent'][:12]} crashed "
+                f"this node's own run of the parent {claim['parent'][:12]} {what} "
                 f"({parent_run.error}): no verdict published; see {parent_run.run_dir}"
             )
         parent_val_bpb = parent_run.val_bpb
     child_bpb = child_run.val_bpb if child_run.outcome == "ok" else None
-    earlier = ledger.rows(
-        "SELECT delta FROM verifications WHERE result = ? AND author = ? AND profile = ? "
-        "AND harness = ? AND verdict = 'inconclusive' AND delta IS NOT NULL",
-        (claim["id"], me.peer_id, profile.name, child_run.harness_sha256),
-    )
-    gains = [-row["delta"] for row in earlier]
-    verdict = consensus.verdict(child_bpb, parent_val_bpb, margin, gains)
+    if child_run.outcome == "void":
+        verdict = "void"
+    else:
+        earlier = ledger.rows(
+            "SELECT delta FROM verifications WHERE result = ? AND author = ? AND profile = ? "
+            "AND harness = ? AND verdict IN ('inconclusive', 'confirm') AND delta IS NOT NULL",
+            (claim["id"], me.peer_id, profile.name, child_run.harness_sha256),
+        )
+        gains = [-row["delta"] for row in earlier]
+        verdict = consensus.verdict(child_bpb, parent_val_bpb, margin, gains)
     body = wire.verification_body(
         result=claim["id"], child_val_bpb=child_bpb, parent_val_bpb=parent_val_bpb, seed=seed,
         profile=profile.name, harness=child_run.harness_sha256, verdict=verdict,
@@ -176,11 +212,12 @@ def verify_claim(
 
 def _run(
     ledger: Ledger, source: str, role: str, claim: Mapping[str, Any], profile: Profile,
-    data: TokenData, base: Path, seed: int, run: Run,
+    data: TokenData, base: Path, seed: int, run: Run, again: bool = False,
 ) -> RunResult:  # fmt: skip
-    run_dir = base / role
+    name = f"{role}-again" if again else role
+    run_dir = base / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    script = base / f"{role}.py"
+    script = base / f"{name}.py"
     script.write_text(source)
     started = int(time.time() * 1000)
     result = run(script, profile, data, run_dir, seed=seed)

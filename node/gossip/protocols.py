@@ -91,7 +91,7 @@ async def sync_with(node: GossipNode, peer: str) -> int:
     new = 0
     try:
         stream = await _open(node, peer, SYNC)
-        authors = node.ledger.head_body()["authors"]
+        authors = node.ledger.head_authors()
         await write_frame(stream, {"authors": authors, "campaign": node.config.campaign})
         received = 0
         with trio.move_on_after(node.limits.sync_seconds):

@@ -85,9 +85,12 @@ class SimNode:
         )  # fmt: skip
         return self._publish("result", body)
 
-    def _verification(self, result: str, child: float, parent: float, verdict: str) -> None:
+    def _verification(
+        self, result: str, child: float, parent: float, verdict: str, seed: int | None = None
+    ) -> None:
         body = wire.verification_body(
-            result=result, child_val_bpb=child, parent_val_bpb=parent, seed=self.runs,
+            result=result, child_val_bpb=child, parent_val_bpb=parent,
+            seed=self.runs if seed is None else seed,
             profile=PROFILE, harness=land.HARNESS, verdict=verdict,
         )  # fmt: skip
         self._publish("verification", body)
@@ -154,7 +157,8 @@ class SimNode:
     def _verify_one(self) -> Generator[float, None, bool]:
         """The Researcher's `_verify_one`: the first open claim, child then (unless already
         scored here) parent, and a verdict by `consensus.verdict` that weighs this node's earlier
-        inconclusive looks at the claim. False when none is open."""
+        inconclusive (and, for a claim held for more looks, confirming) looks at the claim.
+        False when none is open."""
         claims = self.view.claims(self.peer_id)
         if not claims:
             return False
@@ -163,7 +167,7 @@ class SimNode:
         parent = yield from self._score(claim["parent"], "verify")
         earlier = self.looks.setdefault(claim["id"], [])
         verdict = consensus.verdict(child, parent, self.margin, earlier)
-        if verdict == "inconclusive":
+        if verdict in ("inconclusive", "confirm"):
             earlier.append(parent - child)
         self._verification(claim["id"], child, parent, verdict)
         return True
@@ -188,6 +192,10 @@ class SimNode:
             self.sim.collude(self, fact)
 
     def confirm(self, fact: wire.Fact) -> None:
-        """A partner's fake, confirmed without a run, with the numbers it claimed."""
+        """A partner's fake, confirmed without a run, with the numbers it claimed: as many looks
+        as the outlier hold asks (`consensus.HOLD_LOOKS`, each on its own seed), since they cost
+        a colluder nothing."""
         claimed = fact.body["metrics"]["val_bpb"]
-        self._verification(fact.id, claimed, claimed + FAKE_GAIN, "confirm")
+        for look in range(consensus.HOLD_LOOKS):
+            seed = self.runs * consensus.HOLD_LOOKS + look
+            self._verification(fact.id, claimed, claimed + FAKE_GAIN, "confirm", seed)

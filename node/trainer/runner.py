@@ -31,7 +31,7 @@ from node.trainer.scoring import MODEL_FILE, Scoring
 # The harness's version: move it whenever a file that prepares data, times or scores changes
 # (tests/test_harness_version.py fails until it moves), so that results measured by another
 # harness never compare with this one's.
-HARNESS_VERSION = "2026.12.1"
+HARNESS_VERSION = "2026.12.2"
 # What the training process may report; anything else on its pipe is ignored, and a score from
 # it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(
@@ -68,6 +68,7 @@ def harness_sha256() -> str:
 SLACK_STEPS = 4
 SLACK_SECONDS = 0.25  # on the harness's own clock, in the training process
 RUNNER_SLACK_SECONDS = 2.0  # on the runner's clock, two processes and a pipe apart: a coarse guard
+OVERRUN = "past the budget"  # in the error of a run void for training too long
 
 
 @dataclass
@@ -304,7 +305,7 @@ def _void(counts: dict, profile: Profile, train_seconds: float) -> str | None:
         slack = SLACK_STEPS * step + floor
         if seconds > profile.budget_seconds + slack:
             return (
-                f"training ran {seconds:.2f} s on {clock} clock, past the budget of "
+                f"training ran {seconds:.2f} s on {clock} clock, {OVERRUN} of "
                 f"{profile.budget_seconds:g} s by more than {slack:.2f} s ({SLACK_STEPS} steps of "
                 f"{step:.3f} s and {floor:g} s); the clock runs until session().finish(model)"
             )
