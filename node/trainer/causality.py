@@ -116,6 +116,13 @@ class Checker:
                 self._every_position(x, i, reference[i], first + i)
 
     def _every_position(self, x: np.ndarray, i: int, reference: torch.Tensor, row: int) -> None:
+        """One variant of the row for every cut, batch after batch. Each is compared with the row
+        as predicted at the same slot of a batch of copies of it (a GPU's kernels may round a
+        row differently at another slot), and the copy at the row's own slot with the scored
+        prediction itself."""
+        copies = self._run(np.repeat(x[i : i + 1], self.batch_size, 0))
+        self._compare(x, np.array([i]), np.array([self.seq_len - 1]), copies[i : i + 1],
+                      reference[None], row - i)  # fmt: skip
         donor = self._donor(row)
         cuts = np.arange(self.seq_len)
         for start in range(0, len(cuts), self.batch_size):
@@ -125,24 +132,26 @@ class Checker:
                 pad = np.repeat(x[i : i + 1], self.batch_size - len(batch), 0)
                 batch = np.concatenate([batch, pad])
             got = self._run(batch)[: len(part)]
-            self._compare(x, np.full(len(part), i), part, got, reference[None], row - i)
+            self._compare(x, np.full(len(part), i), part, got, copies[: len(part)], row - i,
+                          own=reference)  # fmt: skip
 
     def _compare(
         self, x: np.ndarray, slots: np.ndarray, cuts: np.ndarray, got: torch.Tensor,
-        reference: torch.Tensor, first: int,
+        reference: torch.Tensor, first: int, own: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
-        """Checked predictions `got[j]` up to position `cuts[j]` against `reference` (the scored
-        ones of the batch's rows `slots`, or of one row); explains the first that moved. Row
-        `slots[j]` of the batch is row `first + slots[j]` of the scored rows."""
+        """Checked predictions `got[j]` up to position `cuts[j]` against `reference[j]`;
+        explains the first that moved, against `own` (the scored prediction of that row) when
+        given, else against `reference[j]`. Row `slots[j]` of the batch `x` is row
+        `first + slots[j]` of the scored rows."""
         cut = torch.as_tensor(cuts, device=got.device)
         upto = torch.arange(self.seq_len, device=got.device)[None, :] <= cut[:, None]
         bad = ((moved(got, reference) > 0) & upto).any(dim=1)
         if bool(bad.any()):
             j = int(torch.nonzero(bad)[0])
             i = int(slots[j])
-            own = reference[j] if len(reference) > 1 else reference[0]
-            gap = moved(got[j], own)[: int(cuts[j]) + 1]
-            self._explain(x, i, int(cuts[j]), own, first + i, gap)
+            gap = moved(got[j], reference[j])[: int(cuts[j]) + 1]
+            scored = reference[j] if own is None else own
+            self._explain(x, i, int(cuts[j]), scored, first + i, gap)
 
     def _explain(
         self, x: np.ndarray, i: int, cut: int, reference: torch.Tensor, row: int,
