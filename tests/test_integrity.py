@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -177,3 +178,34 @@ def test_warm_up_batches_hold_no_text(tmp_path, small_data):
     for step in (1, 2, 3):  # warm-up: no row's first 8 tokens occur anywhere in the training text
         assert not any(occurs_in(train, row) for row in batches[step]), step
     assert all(occurs_in(train, row) for row in batches[4])  # the first timed batch is text
+
+
+def test_no_honest_change_of_the_baseline_is_refused(tmp_path_factory, small_data):
+    """The offline proposer's changes of the baseline score: none is void or crashes. Two at a
+    time on a machine of two cores, so the clock's slack is tried under load too. The suite runs
+    the changes of the model's code and of the test profile's sizes and batches (19); with
+    SWARM_TEST_ALL_CHANGES=1 every single change (51, six minutes), constants included."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from node.agent.offline import KNOWN_EDITS, OfflineProposer
+
+    profile = dataclasses.replace(PROFILE, budget_seconds=0.5)
+    changes = [c for c in OfflineProposer(0).candidates(BASELINE, "test") if ";" not in c[0]]
+    assert len(changes) >= 40
+    if not os.environ.get("SWARM_TEST_ALL_CHANGES"):
+        edits = {description for description, _, _ in KNOWN_EDITS}
+        changes = [c for c in changes if c[0] in edits or c[0].endswith("on the test profile")]
+        assert len(changes) >= 15
+
+    def one(change: tuple[str, str]):
+        folder = tmp_path_factory.mktemp("honest-change")
+        (folder / "train.py").write_text(change[1])
+        result = run_experiment(
+            folder / "train.py", profile, small_data, folder / "run", sandbox=True
+        )
+        return change[0], result.outcome, result.error
+
+    with ThreadPoolExecutor(2) as pool:
+        ends = list(pool.map(one, changes))
+    refused = [end for end in ends if end[1] != "ok"]
+    assert not refused, refused
