@@ -75,6 +75,18 @@ def book(tmp_path):
         yield ledger
 
 
+def fails_on_narrow(landscape, outcome: str, error: str):
+    """`landscape`, except that the narrow MLP (MLP_RATIO 3) ends as `outcome` with `error`."""
+
+    def run(script, *args, **kwargs):
+        result = landscape(script, *args, **kwargs)
+        if "MLP_RATIO = 3 " in script.read_text():
+            return dataclasses.replace(result, outcome=outcome, val_bpb=None, error=error)
+        return result
+
+    return run
+
+
 def researcher(book, me, tmp_path, proposer, landscape, **kwargs) -> Researcher:
     published: list[wire.Fact] = []
     worker = Researcher(
@@ -117,14 +129,7 @@ def test_a_win_moves_the_head_a_loss_does_not_and_every_run_is_published(book, a
 
 
 def test_a_void_run_is_published_never_kept_and_the_status_says_why(book, alice, tmp_path):
-    landscape = Landscape()
-
-    def cheats_on_narrow(script, *args, **kwargs):
-        result = landscape(script, *args, **kwargs)
-        if "MLP_RATIO = 3 " in script.read_text():  # say, its model peeks at later tokens
-            return dataclasses.replace(result, outcome="void", val_bpb=None, error="it peeks")
-        return result
-
+    cheats_on_narrow = fails_on_narrow(Landscape(), "void", "it peeks")  # its model peeks
     worker = researcher(book, alice, tmp_path, Scripted(NARROW), cheats_on_narrow, verify_every=0)
     step = worker.step()
     assert step.outcome == "void" and worker.head.sha256 == sha(BASELINE)
@@ -320,12 +325,7 @@ def test_a_verified_head_that_crashes_here_is_not_adopted(book, alice, bob, caro
         gossip(bobs, book)
         gossip(carols, book)
 
-    def crashes_on_narrow(script, *args, **kwargs):
-        result = landscape(script, *args, **kwargs)
-        if "MLP_RATIO = 3 " in script.read_text():  # say, out of memory on this machine
-            return dataclasses.replace(result, outcome="crash", val_bpb=None, error="killed")
-        return result
-
+    crashes_on_narrow = fails_on_narrow(landscape, "crash", "killed")  # out of memory here
     worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), crashes_on_narrow, verify_every=0)
     step = worker.step()
     assert worker.head.sha256 == sha(BASELINE) and step.outcome == "discard"
