@@ -75,13 +75,31 @@ class Campaign:
         return hashlib.sha256(self.to_bytes()).hexdigest()
 
 
-def data_pins(profile: str, data_spec: str, manifest: dict) -> dict[str, str]:
-    """The entries a campaign records for one profile, from its prepared data's manifest."""
+def data_pins(profile: str, data_spec: str, manifest: dict, budget: int) -> dict[str, str]:
+    """The entries a campaign records for one profile, from its prepared data's manifest, and
+    the training budget (tokens) every member's runs use: results under another never compare."""
     return {
         f"{profile}.data": data_spec,
         f"{profile}.tokens": manifest["sha256"],
         f"{profile}.tokenizer": manifest["tokenizer_sha256"],
+        f"{profile}.budget": str(int(budget)),
     }
+
+
+def pinned_budget(campaign: Campaign | None, profile: str) -> int | None:
+    """The training budget in tokens the campaign pins for `profile`; None: the profile's own
+    (a campaign file written before budgets were pinned)."""
+    if campaign is None:
+        return None
+    value = campaign.data_for(profile).get("budget")
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise CampaignError(
+            f"campaign {campaign.name} pins the budget {value!r} for {profile}: expected a "
+            "positive number of tokens; ask the organiser for a corrected campaign file"
+        )
+    return int(value)
 
 
 def make_campaign(fact: wire.Fact, program: str, baseline: str) -> Campaign:

@@ -67,14 +67,16 @@ def campaign_new(
     quorum: Annotated[int, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted.")] = 1,
     baseline: Annotated[Path | None, typer.Option("--baseline", help="The train.py every lineage starts from (default: the built-in one).")] = None,
     data: DataOption = None,
+    budget: Annotated[list[str] | None, typer.Option("--budget", help="PROFILE=TOKENS: another training budget for a profile (repeatable; default: the profile's).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Where to write the campaign file (default: NAME.campaign.json).")] = None,
     home: HomeOption = None,
 ) -> None:
-    """Write a campaign file signed by this node's key: name, program.md, baseline train.py, data hashes, quorum.
+    """Write a campaign file signed by this node's key: name, program.md, baseline train.py, data hashes, budgets, quorum.
 
-    Builds (or finds) each profile's data to pin its hashes. Members join with `swarm join --campaign FILE`.
+    Builds (or finds) each profile's data to pin its hashes, and pins each profile's training budget (tokens), so that
+    every member measures the same thing. Members join with `swarm join --campaign FILE`.
 
-    Example: swarm campaign new hack-nov --program program.md --profile cpu --quorum 2
+    Example: swarm campaign new hack-nov --program program.md --profile cpu --quorum 2 --budget cpu=393216
     """
     from node.campaign import campaign_body, data_pins, make_campaign
     from node.identity import load_identity
@@ -91,10 +93,17 @@ def campaign_new(
     broken = check_source(texts["baseline"])
     if broken:
         raise SwarmError(f"--baseline breaks the train.py policy: {broken[0]}; fix it first")
+    budgets = {}
+    for entry in budget or []:
+        name_, _, tokens_ = entry.partition("=")
+        if name_ not in profiles or not tokens_.isdigit() or int(tokens_) < 1:
+            raise SwarmError(f"--budget {entry!r}: expected PROFILE=TOKENS for one of the --profile values, "
+                             "e.g. --budget cpu=393216")
+        budgets[name_] = int(tokens_)
     pins: dict[str, str] = {}
     for profile in dict.fromkeys(profiles):
         home_dir, prof, tokens = prepare(profile, data, home)
-        pins.update(data_pins(prof.name, prof.data, tokens.manifest))
+        pins.update(data_pins(prof.name, prof.data, tokens.manifest, budgets.get(prof.name, prof.budget_tokens)))
     me = load_identity(home_dir)
     body = campaign_body(me, name, texts["program"], texts["baseline"], list(dict.fromkeys(profiles)), quorum, pins)
     with Ledger(ledger_path(home_dir), campaign=name) as ledger:

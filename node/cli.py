@@ -77,7 +77,7 @@ def run(
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run one experiment: train for the profile's budget, then score val_bpb.
+    """Run one experiment: train on the profile's budget of tokens, then score val_bpb.
 
     Example: swarm run --profile cpu --train-py my_train.py --seed 1
     """
@@ -136,7 +136,7 @@ def _print_result(result) -> None:
     rows = [
         ("val_bpb", f"{result.val_bpb:.4f}" if result.val_bpb is not None else "-"),
         ("steps", f"{result.steps:,}"),
-        ("tokens", f"{result.tokens:,}"),
+        ("tokens", f"{result.tokens:,}" + (f" (budget {result.budget_tokens:,})" if result.budget_tokens else "")),
         ("tokens/s", f"{result.tokens_per_second:,.0f}" if result.tokens_per_second else "-"),
         ("train seconds", f"{result.train_seconds:.1f}"),
         ("total seconds", f"{result.total_seconds:.1f}"),
@@ -144,6 +144,7 @@ def _print_result(result) -> None:
         ("MFU", f"{result.mfu:.1%}" if result.mfu else "-"),
         ("params", f"{result.params:,}" if result.params else "-"),
         ("seed", str(result.seed)),
+        ("device", result.device_name or "-"),
         ("train.py", result.train_py_sha256[:16]),
         ("harness", result.harness_sha256[:16]),
         ("sandbox", "bubblewrap" if result.sandboxed else "none"),
@@ -370,7 +371,11 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
         progress = worker.get("progress")
         table.add_row("doing", str(worker.get("doing")) + (f"  {progress:.0%}" if progress is not None else ""))
         table.add_row("head", f"{(worker.get('head') or '-')[:16]}  val_bpb {worker.get('head_val_bpb') or '-'}")
-        table.add_row("noise margin", str(worker.get("margin")))
+        sigma, df = worker.get("sigma"), worker.get("sigma_df")
+        noise = f"{worker.get('margin'):.4f}" if isinstance(worker.get("margin"), float) else "-"
+        if isinstance(sigma, float):  # the spread of one paired difference, and what is behind it
+            noise += f"  (paired sigma {sigma:.4f}, {df or 0} degrees of freedom{'' if df else ': the prior'})"
+        table.add_row("noise margin", noise)
         table.add_row("steps", str(worker.get("steps")))
         table.add_row("verifications pending", str(worker.get("pending_verifications", "-")))
         table.add_row("updated", f"{status['now'] - worker['updated']:.0f} s ago")

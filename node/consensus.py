@@ -13,8 +13,9 @@ from typing import Any
 
 from node.errors import SwarmError
 
-DEFAULT_K = 2.0  # noise margin: this many standard deviations of the node's own baseline runs
+DEFAULT_K = 2.0  # noise margin: this many standard deviations of a paired difference
 DEFAULT_FLOOR = 0.001  # bpb; below this, a margin from few runs is luck, not a measurement
+PRIOR_DF = 2  # the profile's prior noise weighs as much as this many degrees of freedom
 MAX_LOOKS = 3  # a verifier's runs of one claim while its verdict is inconclusive, at most
 
 
@@ -31,7 +32,17 @@ HOLD_LOOKS = 3  # confirming looks a held claim needs: by peers not its author, 
 # When a peer gave several verdicts on one claim, the one that counts: the strongest against it.
 # A verifier looks again at a claim it judged only after confirming it (a held claim), so a later
 # void or refute revises that confirmation; a crash on a second look does not undo one.
-_PRECEDENCE = {"void": 4, "refute": 3, "confirm": 2, "crash": 1, "inconclusive": 0}
+_PRECEDENCE = {
+    "misreported": 5,
+    "void": 4,
+    "refute": 3,
+    "confirm": 2,
+    "crash": 1,
+    "inconclusive": 0,
+}
+# Verdicts no noise explains: the harness refused the re-run, or the replay of the author's own
+# run gave another score than it signed.
+DISQUALIFYING = frozenset({"void", "misreported"})
 _LOOK_COLUMNS = ("delta", "seed")  # what the hold reads of each verification row
 
 
@@ -84,10 +95,11 @@ def peer_verdicts(
 
 
 def _tally(peers: Mapping[str, str]) -> tuple[set[str], int, int]:
-    """(confirmers, how many found no win: refute or void, how many found it void)."""
+    """(confirmers, how many found no win: refute, void or misreported, how many found it void
+    or misreported)."""
     confirmers = {p for p, v in peers.items() if v == "confirm"}
-    against = sum(v in ("refute", "void") for v in peers.values())
-    return confirmers, against, sum(v == "void" for v in peers.values())
+    disqualified = sum(v in DISQUALIFYING for v in peers.values())
+    return confirmers, disqualified + sum(v == "refute" for v in peers.values()), disqualified
 
 
 def _with_looks(verifications: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -276,11 +288,40 @@ def best_head(
     return min(candidates)[1] if candidates else baseline
 
 
+def paired_noise(
+    differences: Mapping[Any, Sequence[float]], prior: float, prior_df: int = PRIOR_DF
+) -> tuple[float, int]:
+    """(standard deviation of one paired difference, degrees of freedom behind it).
+
+    `differences`: for each pair measured (a parent and a child), child minus parent on each
+    seed both ran on. The spread of one pair's differences around their mean is noise alone
+    (the change's true effect is the same on every seed), so the estimate pools those spreads
+    over every pair with two seeds or more; `prior` (the profile's) weighs as `prior_df`
+    degrees of freedom, so that the first few pairs move it and many pairs replace it."""
+    squares, df = prior_df * prior**2, 0
+    for diffs in differences.values():
+        values = [d for d in diffs if d is not None and math.isfinite(d)]
+        if len(values) >= 2:
+            mean = statistics.fmean(values)
+            squares += sum((d - mean) ** 2 for d in values)
+            df += len(values) - 1
+    return math.sqrt(squares / (prior_df + df)) if prior_df + df else prior, df
+
+
+def margin_for(
+    sigma: float, runs: int = 1, k: float = DEFAULT_K, floor: float = DEFAULT_FLOOR
+) -> float:
+    """The smallest mean gain over `runs` paired seeds this node believes: `k` standard errors
+    of that mean, and never less than `floor`."""
+    return max(floor, k * sigma / math.sqrt(max(runs, 1)))
+
+
 def noise_margin(
     baseline_runs: Sequence[float], k: float = DEFAULT_K, floor: float = DEFAULT_FLOOR
 ) -> float:
-    """The smallest gain this node believes: `k` sample standard deviations of its own repeated
-    baseline val_bpb on the profile, and never less than `floor`."""
+    """The margin of the unpaired rule (the simulator's): `k` sample standard deviations of
+    repeated baseline val_bpb, and never less than `floor`. Nodes pair their runs instead
+    (`paired_noise`, `margin_for`)."""
     runs = [x for x in baseline_runs if x is not None and math.isfinite(x)]
     if len(runs) < 2:
         raise ConsensusError(

@@ -25,7 +25,6 @@ from node.ledger_queries import LedgerError, LedgerQueries
 LEDGER_FILE = "ledger.db"  # inside the node's home
 
 
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -79,8 +78,36 @@ def _schema_1(db: sqlite_utils.Database) -> None:
     )  # fmt: skip
 
 
+def _schema_2(db: sqlite_utils.Database) -> None:
+    """Release 2: paired measurements. A result carries its seeds, the child's and the parent's
+    score on each (JSON lists), the device class and the budget; a verification its replay of
+    the author's run and its device; a run its seed, harness and speed, so that a node pairs its
+    own runs and knows how fast its machine trains."""
+    for column, kind in (
+        ("seeds", str),
+        ("child_scores", str),
+        ("parent_scores", str),
+        ("parent_val_bpb", float),
+        ("device", str),
+        ("budget", int),
+    ):
+        db["results"].add_column(column, kind)
+    db["verifications"].add_column("replay_val_bpb", float)
+    db["verifications"].add_column("device", str)
+    for column, kind in (("seed", int), ("harness", str), ("speed", float), ("device", str)):
+        db["runs"].add_column(column, kind)
+    db["runs"].create_index(["child", "seed"])
+
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_schema_1]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_schema_1, _schema_2]
+
+
+def _insert(conn: sqlite3.Connection, table: str, row: Mapping[str, Any]) -> None:
+    names = ", ".join(row)
+    conn.execute(
+        f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(row))})", tuple(row.values())
+    )
 
 
 def ledger_path(home: Path) -> Path:
@@ -237,22 +264,28 @@ class Ledger(LedgerQueries):
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (fact.id, fact.kind, fact.campaign, author, fact.seq, fact.time, now, fact.raw),
         )
-        body, common = fact.body, (fact.id, fact.campaign, author, fact.time)
+        body = fact.body
         if fact.kind == "result":
-            m = body["metrics"]
-            conn.execute(
-                "INSERT INTO results VALUES (" + ", ".join("?" * 20) + ")",
-                (*common, body["profile"], body["parent"], body["child"], body["diff_sha256"],
-                 body["diff_size"], body["description"], body["harness"], body["seed"],
-                 body["outcome"], m["val_bpb"], m["steps"], m["tokens"], m["train_seconds"],
-                 m["total_seconds"], m["peak_memory_mb"], m["mfu"]),
-            )  # fmt: skip
+            m, parents = body["metrics"], body["parent_scores"]
+            _insert(conn, "results", {
+                "id": fact.id, "campaign": fact.campaign, "author": author, "time": fact.time,
+                **{k: body[k] for k in ("profile", "parent", "child", "diff_sha256", "diff_size",
+                                        "description", "harness", "seed", "outcome", "device",
+                                        "budget")},
+                **{k: m[k] for k in ("val_bpb", "steps", "tokens", "train_seconds",
+                                     "total_seconds", "peak_memory_mb", "mfu")},
+                "seeds": json.dumps(body["seeds"]),
+                "child_scores": json.dumps(body["child_scores"]),
+                "parent_scores": json.dumps(parents),
+                "parent_val_bpb": sum(parents) / len(parents) if parents else None,
+            })  # fmt: skip
         elif fact.kind == "verification":
-            conn.execute(
-                "INSERT INTO verifications VALUES (" + ", ".join("?" * 12) + ")",
-                (*common, body["result"], body["child_val_bpb"], body["parent_val_bpb"],
-                 body["delta"], body["seed"], body["profile"], body["harness"], body["verdict"]),
-            )  # fmt: skip
+            _insert(conn, "verifications", {
+                "id": fact.id, "campaign": fact.campaign, "author": author, "time": fact.time,
+                **{k: body[k] for k in ("result", "child_val_bpb", "parent_val_bpb", "delta",
+                                        "seed", "profile", "harness", "verdict",
+                                        "replay_val_bpb", "device")},
+            })  # fmt: skip
         elif fact.kind == "campaign":
             conn.execute(
                 "INSERT INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

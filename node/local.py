@@ -202,7 +202,7 @@ def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
     """What the swarm found, read from the first node's ledger (they all hold the same facts)."""
     from node.agent.adoption import best_head
     from node.ledger import Ledger, ledger_path
-    from node.trainer import harness_sha256
+    from node.trainer import get_profile, harness_sha256
 
     quorum, baseline = campaign_terms(swarm.campaign)
     nodes = []
@@ -210,7 +210,8 @@ def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
         entry: dict = {"node": home.name, "home": str(home), "ledger": str(ledger_path(home))}
         if ledger_path(home).is_file():
             with Ledger(ledger_path(home), readonly=True) as ledger:
-                entry["head"] = best_head(ledger, swarm.profile, baseline, quorum, harness_sha256())
+                harness = harness_sha256(get_profile(swarm.profile, swarm.data))
+                entry["head"] = best_head(ledger, swarm.profile, baseline, quorum, harness)
                 entry["experiments"] = ledger.rows(
                     "SELECT COUNT(*) AS n FROM results r JOIN facts f ON f.id = r.id "
                     "JOIN peers p ON p.peer_id = f.author WHERE r.profile = ?", (swarm.profile,)

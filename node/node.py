@@ -9,6 +9,7 @@ consistent; a restart resumes from the ledger.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node import wire
-from node.campaign import Campaign, check_data
+from node.campaign import Campaign, check_data, pinned_budget
 from node.errors import SwarmError
 from node.home import compiled_dir, data_dir
 from node.identity import load_identity
@@ -55,7 +56,6 @@ class NodeConfig:
     max_cost_usd: float = 5.0
     quorum: int = 1
     verify_every: int = 4
-    noise_runs: int = 2
     gpus: str = "all"  # "all" or how many GPUs to use, one worker each
     seed: int = 0
     sandbox: bool | None = None  # None: whenever available; False only when the user says so
@@ -96,6 +96,8 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
                         f"pass --profile {campaign.profiles[0]}")
     pinned = campaign.data_for(config.profile).get("data") if campaign else None
     profile = get_profile(config.profile, config.data or pinned)
+    if budget := pinned_budget(campaign, profile.name):  # the campaign's budget, for every member
+        profile = dataclasses.replace(profile, budget_tokens=budget)
     require_device(profile)
     confined = config.sandbox is not False and sandbox_available()
     if config.sandbox is not False and not confined:
@@ -111,7 +113,8 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
         say(moved)
     stop = stop or threading.Event()
     say(f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
-        f"{len(devices)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}")
+        f"{len(devices)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}, "
+        f"{profile.budget_tokens} training tokens a run")
 
     failures: list[BaseException] = []
 
@@ -160,8 +163,9 @@ def _record_campaign(home: Path, campaign: Campaign) -> None:
 
 
 def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
-    """What to tell a user whose home measured its noise on another built-in baseline than this
-    version's (an upgrade changed it): the node starts a new lineage. None when nothing moved."""
+    """What to tell a user whose home began on another built-in baseline than this version's (an
+    upgrade changed it): the node starts a new lineage. None when nothing moved. The baselines a
+    home measured are the versions it scored that no result made: the roots of its lineage."""
     from node.ledger import Ledger, LedgerError, ledger_path
     from node.trainer import BASELINE_TRAIN_PY
 
@@ -170,16 +174,20 @@ def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
     baseline = hashlib.sha256(BASELINE_TRAIN_PY.read_text().encode()).hexdigest()  # as the worker hashes it
     try:
         with Ledger(ledger_path(home), campaign=campaign) as ledger:
-            rows = ledger.rows("SELECT DISTINCT child FROM runs WHERE profile = ? AND description = 'noise'", (profile,))
+            rows = ledger.rows(
+                "SELECT DISTINCT child FROM runs r WHERE profile = ? AND parent = child AND description IN "
+                "('noise', 'score') AND NOT EXISTS (SELECT 1 FROM results WHERE results.child = r.child)",
+                (profile,),
+            )
     except LedgerError:  # another campaign's ledger: the worker says so
         return None
     measured = {r["child"] for r in rows}
     if not measured or baseline in measured:  # a new home, or the move was already taken
         return None
     return (
-        f"this home's noise runs were made on another baseline ({', '.join(sorted(v[:12] for v in measured))}) than "
+        f"this home's runs began on another baseline ({', '.join(sorted(v[:12] for v in measured))}) than "
         f"this version's built-in train.py ({baseline[:12]}): an upgrade changed it, so the node starts a new lineage "
-        "from it and measures its noise again; the old runs stay in the ledger, and peers on the old version keep the "
+        "from it; the old runs stay in the ledger, and peers on the old version keep the "
         "old baseline (a campaign file pins one for everybody: swarm campaign new --baseline FILE)"
     )
 
@@ -211,7 +219,7 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, c
                 ledger, load_identity(home), proposer, profile, tokens, home / "runs" / f"worker-{index}",
                 campaign.baseline if campaign else BASELINE_TRAIN_PY.read_text(), quorum=config.quorum,
                 program=campaign.program if campaign else _program_text(),
-                verify_every=config.verify_every, noise_runs=config.noise_runs, seed=seed, run=run,
+                verify_every=config.verify_every, run=run,
                 status_path=home / STATUS_DIR / f"worker-{index}.json", trusted=trusted,
                 trust=config.trust, compile_cache=compiled, crew=crew,
             )

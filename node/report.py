@@ -53,7 +53,7 @@ class Snapshot:
     lineages: dict[str, list[dict]]  # profile -> steps to its best version, each with "diff"
     baselines: set[str]
     peers: list[dict]
-    noise: dict[str, list[float]]  # profile -> this node's scored runs of the baseline
+    noise: dict[str, dict[tuple[str, str], list[float]]]  # profile -> its paired differences
     colours: dict[str, str]  # peer id -> colour in the plot and the peer table
 
 
@@ -97,19 +97,10 @@ def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None 
     if SHIPPED_BASELINE.is_file():  # what a node without a campaign file starts from
         baselines.add(hashlib.sha256(SHIPPED_BASELINE.read_bytes()).hexdigest())
     lineages = {profile: _lineage(ledger, rows[0]["child"]) for profile, rows in board.items()}
-    noise: dict[str, list[float]] = {}
-    marks = ", ".join("?" * len(baselines))
-    for run in ledger.rows(
-        f"SELECT profile, val_bpb FROM runs WHERE child IN ({marks}) AND val_bpb IS NOT NULL "
-        "ORDER BY id",
-        sorted(baselines),
-    ):
-        noise.setdefault(run["profile"], []).append(run["val_bpb"])
-    for profile in {r["profile"] for r in results} | {
-        r["profile"]
+    noise = {
+        r["profile"]: ledger.paired_differences(r["profile"])
         for r in ledger.rows("SELECT DISTINCT profile FROM runs WHERE profile IS NOT NULL")
-    }:
-        noise.setdefault(profile, [])
+    }
     peers = _peer_stats(results, verifications, verified, refuted)
     colours = {
         p["peer_id"]: PALETTE[i] if i < COLOURED_PEERS else OTHER_COLOUR
@@ -393,19 +384,22 @@ def _peers(snap: Snapshot) -> str:
 
 def _noise(snap: Snapshot) -> str:
     if not snap.noise:
-        return "<p>Not measured yet: this node has no baseline runs.</p>"
+        return "<p>Not measured yet: this node has made no runs.</p>"
     rows = []
-    for profile, runs in snap.noise.items():
-        try:
-            margin = consensus.noise_margin(runs)
-            shown = (f"{margin:.4f} bpb ({consensus.DEFAULT_K:g} standard deviations of the "
-                     f"runs, at least {consensus.DEFAULT_FLOOR:g})")  # fmt: skip
-        except consensus.ConsensusError:
-            shown = f"not measured yet ({_count(len(runs), 'scored baseline run')}, 2 needed)"
-        rows.append(
-            [_e(profile), str(len(runs)), ", ".join(f"{x:.4f}" for x in runs) or "-", shown]
-        )
-    return _table("noise", ["profile", "baseline runs", "val_bpb", "margin in use"], rows)
+    for profile, pairs in snap.noise.items():
+        diffs = sum(len(d) for d in pairs.values())
+        sigma, df = consensus.paired_noise(pairs, prior=0.0, prior_df=0)
+        if df:
+            margin = consensus.margin_for(sigma)
+            shown = (f"{sigma:.4f} bpb over {df} degrees of freedom; margin {margin:.4f} "
+                     f"({consensus.DEFAULT_K:g} standard deviations, at least "
+                     f"{consensus.DEFAULT_FLOOR:g})")  # fmt: skip
+        else:
+            shown = "not measured yet: no pair ran on two seeds (the profile's prior is in use)"
+        rows.append([_e(profile), str(len(pairs)), str(diffs), shown])
+    return _table(
+        "noise", ["profile", "pairs", "paired runs", "spread of a paired difference"], rows
+    )
 
 
 CSS = """

@@ -3,7 +3,8 @@
 A peer loses standing through rates over enough evidence: its kept claims that the swarm
 refuted (or could not run), its confirmations of such claims, and the messages this node
 refused from it. One event suffices only where noise cannot explain it: a kept claim whose
-re-runs the verifiers' harness voided (it broke the measurement's rules). A peer that lost standing does not regain it: the
+re-runs the verifiers' harness voided (it broke the measurement's rules), or whose replays on
+the author's own seed gave other scores than it signed (misreported). A peer that lost standing does not regain it: the
 facts and counts behind the verdict stay. Pure functions, except `ledger_standing`, which reads.
 """
 
@@ -39,6 +40,7 @@ class Standing:
     claims: int = 0  # its kept claims the swarm has settled: verified or failed
     failed: int = 0  # of those, refuted by the quorum, or not reproduced by it
     voided: int = 0  # of those, found void by the quorum: its score broke the harness's rules
+    misreported: int = 0  # of those, found misreported by the quorum: it signed other scores
     confirms: int = 0  # its confirmations of other peers' settled claims
     false_confirms: int = 0  # of those, confirmations of claims that failed
     offences: Mapping[str, int] = field(default_factory=dict)  # refused messages by reason
@@ -57,7 +59,8 @@ class Standing:
 
     def as_dict(self) -> dict:
         return {"peer": self.peer, "status": self.status, "claims": self.claims,
-                "failed": self.failed, "voided": self.voided, "confirms": self.confirms,
+                "failed": self.failed, "voided": self.voided, "misreported": self.misreported,
+                "confirms": self.confirms,
                 "false_confirms": self.false_confirms, "offences": dict(self.offences),
                 "points": round(self.points, 2), "reasons": list(self.reasons)}  # fmt: skip
 
@@ -74,7 +77,7 @@ def unreproduced_claims(
     claim that failed."""
     failed = set()
     for rid, by in consensus.peer_verdicts(results, verifications).items():
-        no_win = sum(v in ("refute", "crash", "void") for v in by.values())
+        no_win = sum(v in ("refute", "crash", *consensus.DISQUALIFYING) for v in by.values())
         if no_win >= quorum and no_win > sum(v == "confirm" for v in by.values()):
             failed.add(rid)
     return failed
@@ -84,15 +87,18 @@ def void_claims(
     results: Iterable[Mapping[str, Any]],
     verifications: Iterable[Mapping[str, Any]],
     quorum: int = 1,
+    verdict: str = "void",
 ) -> dict[str, int]:
     """{result id: how many peers found it void}: the results that at least `quorum` distinct
     peers other than the author found void (their harness refused to score their re-run of the
-    child; same harness and profile), more of them than confirm it. No noise voids a run."""
+    child; same harness and profile), more of them than confirm it. No noise voids a run. With
+    `verdict` "misreported": the claims whose replays gave other scores than the author signed
+    (beyond the profile's replay tolerance, which bounds the noise of a replay)."""
     found = {}
     for rid, by in consensus.peer_verdicts(results, verifications).items():
-        void = sum(v == "void" for v in by.values())
-        if void >= quorum and void > sum(v == "confirm" for v in by.values()):
-            found[rid] = void
+        n = sum(v == verdict for v in by.values())
+        if n >= quorum and n > sum(v == "confirm" for v in by.values()):
+            found[rid] = n
     return found
 
 
@@ -111,7 +117,8 @@ def peer_standing(
     result its own node published as void was never claimed, and costs nothing);
     `verifications` carry result, author, verdict, profile, harness, delta and seed; `offences`
     carry peer_id, reason and count (the ledger's `rejections`). A peer is silenced when
-    - one of its kept claims was found void by the quorum (`void_claims`): at once; or
+    - one of its kept claims was found void or misreported by the quorum (`void_claims`): at
+      once; or
     - at least MIN_FAILED of its kept claims failed (refuted by the quorum's rule, or not
       reproduced: `unreproduced_claims`)
       and more failed than were verified; or
@@ -123,13 +130,15 @@ def peer_standing(
     verifications = list(verifications)
     verified = set(consensus.verified_children(kept.values(), verifications, quorum))
     voided = void_claims(kept.values(), verifications, quorum)
+    misreported = void_claims(kept.values(), verifications, quorum, "misreported")
     failed = (consensus.refuted_claims(kept.values(), verifications, quorum) | set(voided)
+              | set(misreported)
               | unreproduced_claims(kept.values(), verifications, quorum)) - verified  # fmt: skip
     evidence: dict[str, dict[str, Any]] = {}
 
     def of(peer: str) -> dict[str, Any]:
-        return evidence.setdefault(peer, {"claims": 0, "failed": 0, "void": {}, "confirms": set(),
-                                          "false": set(), "offences": {}})  # fmt: skip
+        return evidence.setdefault(peer, {"claims": 0, "failed": 0, "void": {}, "misreported": {},
+                                          "confirms": set(), "false": set(), "offences": {}})  # fmt: skip
 
     for r in kept.values():
         of(r["author"])
@@ -139,6 +148,8 @@ def peer_standing(
         entry["failed"] += rid in failed
         if rid in voided:
             entry["void"][rid] = voided[rid]
+        if rid in misreported:
+            entry["misreported"][rid] = misreported[rid]
     for v in verifications:
         of(v["author"])
     for rid, by in consensus.peer_verdicts(kept.values(), verifications).items():
@@ -160,11 +171,12 @@ def _judge(peer: str, e: dict[str, Any]) -> Standing:
     good, false = len(e["confirms"]), len(e["false"])
     points = offence_points(e["offences"])
     reasons = []
-    if e["void"]:
-        rid, n = min(e["void"].items())
-        more = f" (and {len(e['void']) - 1} more of its claims)" if len(e["void"]) > 1 else ""
-        reasons.append(f"its claim {rid[:12]} was found void by {n} peer(s): its score broke "
-                       f"the harness's rules{more}")  # fmt: skip
+    for kind, why in (("void", "its score broke the harness's rules"),
+                      ("misreported", "their replays of its own run gave other scores than it signed")):
+        if e[kind]:
+            rid, n = min(e[kind].items())
+            more = f" (and {len(e[kind]) - 1} more of its claims)" if len(e[kind]) > 1 else ""
+            reasons.append(f"its claim {rid[:12]} was found {kind} by {n} peer(s): {why}{more}")  # fmt: skip
     verified = e["claims"] - e["failed"]
     if e["failed"] >= MIN_FAILED and e["failed"] > verified:
         reasons.append(f"{e['failed']} of its {e['claims']} settled claims failed")
@@ -174,6 +186,7 @@ def _judge(peer: str, e: dict[str, Any]) -> Standing:
         listed = ", ".join(f"{reason} {n}" for reason, n in sorted(e["offences"].items()))
         reasons.append(f"refused messages worth {points:g} points ({listed})")
     return Standing(peer, claims=e["claims"], failed=e["failed"], voided=len(e["void"]),
+                    misreported=len(e["misreported"]),
                     confirms=good + false, false_confirms=false, offences=dict(e["offences"]),
                     points=points, reasons=tuple(reasons))  # fmt: skip
 

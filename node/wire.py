@@ -11,7 +11,7 @@ import hashlib
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -33,7 +33,10 @@ ENVELOPE_FIELDS = ("author", "body", "campaign", "kind", "seq", "sig", "time", "
 # void: the harness refused to score the run (it looked ahead, trained past its budget, or its
 # metrics were inconsistent); for a verdict, the verifier's re-run of the child was voided.
 OUTCOMES = ("keep", "discard", "crash", "void")
-VERDICTS = ("confirm", "refute", "inconclusive", "crash", "void")  # see consensus.verdict
+# misreported: the verifier replayed the author's own run (its seed, on the same device class)
+# and got another score than the one claimed, by more than the profile's replay tolerance.
+VERDICTS = ("confirm", "refute", "inconclusive", "crash", "void", "misreported")
+MAX_SEEDS = 8  # paired seeds behind one result
 
 _UINT_MAX = (1 << 63) - 1
 _HEX = frozenset("0123456789abcdef")
@@ -247,6 +250,12 @@ BODIES: dict[str, Check] = {
             "harness": _hex64,
             "seed": _uint(),
             "outcome": _choice(*OUTCOMES),
+            # The paired measurement: child and parent on each seed, on the author's machine.
+            "seeds": _list_of(_uint(), 0, MAX_SEEDS),
+            "child_scores": _list_of(_real(), 0, MAX_SEEDS),
+            "parent_scores": _list_of(_real(), 0, MAX_SEEDS),
+            "device": _text(64),  # the device class: the GPU's name, or "cpu" and its kernels
+            "budget": _uint(),  # the profile's training budget, in tokens
             "metrics": _record(
                 {
                     "val_bpb": _real(optional=True),
@@ -267,6 +276,10 @@ BODIES: dict[str, Check] = {
             "parent_val_bpb": _real(optional=True),
             "delta": _real(optional=True),  # child - parent, on the verifier's machine
             "seed": _uint(),
+            # The child's score on the author's first seed, replayed on the same device class
+            # (nil: not replayed); `misreported` when it differs from the claim.
+            "replay_val_bpb": _real(optional=True),
+            "device": _text(64),
             "profile": _profile,
             "harness": _hex64,
             "verdict": _choice(*VERDICTS),
@@ -310,6 +323,10 @@ def _body_rules(kind: str, body: dict, author: bytes, campaign: str) -> Problem 
     scored = kind == "result" and body["outcome"] not in ("crash", "void")
     if scored and body["metrics"]["val_bpb"] is None:
         return _bad("body.metrics.val_bpb", "only a crash or a void run may lack val_bpb")
+    if kind == "result" and not (
+        len(body["seeds"]) == len(body["child_scores"]) == len(body["parent_scores"])
+    ):
+        return _bad("body.seeds", "one child score and one parent score for each seed")
     if kind == "campaign":
         if body["organiser"] != author:
             return _bad("body.organiser", "a campaign is signed by its organiser")
@@ -443,14 +460,20 @@ def _float(value: Any) -> float | None:
 def result_body(
     *, parent: str, child: str, diff: bytes, description: str, profile: str, harness: str,
     seed: int, outcome: str, metrics: Mapping[str, Any],
+    pairs: Sequence[tuple[int, float, float]] = (), device: str = "", budget: int = 0,
 ) -> dict:  # fmt: skip
-    """The body of a `result`, from the trainer's result fields (extra fields are ignored)."""
+    """The body of a `result`, from the trainer's result fields (extra fields are ignored).
+    `pairs`: (seed, child val_bpb, parent val_bpb) of each paired run behind the result."""
     diff_sha256, diff_size = content_ref(diff)
     line = " ".join(description.split())
     return {
         "parent": parent, "child": child, "diff_sha256": diff_sha256, "diff_size": diff_size,
         "description": line if len(line) <= 200 else line[:199] + "…",
         "profile": profile, "harness": harness, "seed": int(seed), "outcome": outcome,
+        "seeds": [int(s) for s, _, _ in pairs],
+        "child_scores": [float(c) for _, c, _ in pairs],
+        "parent_scores": [float(p) for _, _, p in pairs],
+        "device": device[:64], "budget": int(budget),
         "metrics": {
             "val_bpb": _float(metrics.get("val_bpb")),
             "steps": int(metrics.get("steps") or 0),
@@ -464,33 +487,42 @@ def result_body(
 
 
 def result_body_from_run(
-    run: Mapping[str, Any], *, parent: str, diff: bytes, description: str, keep: bool
-) -> dict:
+    run: Mapping[str, Any], *, parent: str, diff: bytes, description: str, keep: bool,
+    pairs: Sequence[tuple[int, float, float]] = (),
+) -> dict:  # fmt: skip
     """The body of a `result` from the trainer's `RunResult.as_dict()` (outcome ok, crash or
-    void); `keep` is the agent's decision for a scored run. A void run is never kept."""
+    void) of the child's first seed; `keep` is the agent's decision for a scored run (a void
+    run is never kept); `pairs` the paired runs behind it (their mean is its val_bpb)."""
     if run["outcome"] == "void":
         outcome = "void"
     elif run["outcome"] == "crash" or run.get("val_bpb") is None:
         outcome = "crash"
     else:
         outcome = "keep" if keep else "discard"
+    metrics = dict(run)
+    if pairs and outcome in ("keep", "discard"):
+        metrics["val_bpb"] = sum(c for _, c, _ in pairs) / len(pairs)
     return result_body(
         parent=parent, child=run["train_py_sha256"], diff=diff, description=description,
         profile=run["profile"], harness=run["harness_sha256"], seed=run["seed"],
-        outcome=outcome, metrics=run,
+        outcome=outcome, metrics=metrics, pairs=pairs, device=run.get("device_name") or "",
+        budget=run.get("budget_tokens") or 0,
     )  # fmt: skip
 
 
 def verification_body(
     *, result: str, child_val_bpb: float | None, parent_val_bpb: float | None, seed: int,
-    profile: str, harness: str, verdict: str,
+    profile: str, harness: str, verdict: str, replay_val_bpb: float | None = None,
+    device: str = "",
 ) -> dict:  # fmt: skip
-    """The body of a `verification` of the result fact `result`; delta is child minus parent."""
+    """The body of a `verification` of the result fact `result`; delta is child minus parent,
+    on the verifier's own seed; `replay_val_bpb` the child's score on the author's first seed."""
     child, parent = _float(child_val_bpb), _float(parent_val_bpb)
     delta = None if child is None or parent is None else child - parent
     return {
         "result": result, "child_val_bpb": child, "parent_val_bpb": parent, "delta": delta,
         "seed": int(seed), "profile": profile, "harness": harness, "verdict": verdict,
+        "replay_val_bpb": _float(replay_val_bpb), "device": device[:64],
     }  # fmt: skip
 
 

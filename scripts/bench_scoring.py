@@ -3,11 +3,11 @@
 Runs the baseline through the real runner (sandbox included) and prints, per seed, val_bpb and
 the evaluation's parts: the export (training process), the scorer's start-up and model load, the
 scoring itself and, of it, the look-ahead check (seconds, tokens, share of the scoring); and how
-far training ran past its budget against the slack the runner allows. Run it with another checkout's `node` first on PYTHONPATH to compare harnesses.
+far training ran past its last batch against the slack the runner allows. Run it with another checkout's `node` first on PYTHONPATH to compare harnesses.
 
     python scripts/bench_scoring.py --profile test --seeds 0 1 2
-    python scripts/bench_scoring.py --profile cpu --budget 10 --seeds 0 1 2
-    python scripts/bench_scoring.py --profile gpu --budget 20 --tokens DIR --no-sandbox --lookahead
+    python scripts/bench_scoring.py --profile cpu --budget 262144 --seeds 0 1 2
+    python scripts/bench_scoring.py --profile gpu --budget 67108864 --tokens DIR --no-sandbox --lookahead
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="test")
     parser.add_argument(
-        "--budget", type=float, help="training seconds (the evaluation does not depend on it)"
+        "--budget", type=int, help="training tokens (the evaluation does not depend on it)"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument(
@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     profile = get_profile(args.profile)
     if args.budget:
-        profile = dataclasses.replace(profile, budget_seconds=args.budget)
+        profile = dataclasses.replace(profile, budget_tokens=args.budget)
     if args.tokens:
         data = TokenData(
             Path(args.tokens), json.loads((Path(args.tokens) / "manifest.json").read_text())
@@ -73,11 +73,11 @@ def main() -> None:
     else:
         data = prepare_data(profile, Path(args.data_cache))
     print(
-        f"harness from {Path(node.__file__).parent}; profile {profile.name}, budget {profile.budget_seconds:.0f} s"
+        f"harness from {Path(node.__file__).parent}; profile {profile.name}, budget {profile.budget_tokens} tokens"
     )
     print(
         "seed | val_bpb | eval (finish to score) | export | scorer start-up and load | scoring "
-        "| check | check tokens | check share of scoring | over budget | slack | total"
+        "| check | check tokens | check share of scoring | after last batch | slack | total"
     )
     evals = []
     for seed in args.seeds:
@@ -101,7 +101,7 @@ def main() -> None:
         timed = counts.get("steps", 0) - profile.warmup_batches
         step = counts.get("last_batch_seconds", 0.0) / max(timed - 1, 1)
         slack = runner.SLACK_STEPS * step + runner.SLACK_SECONDS
-        over = counts.get("train_seconds", 0.0) - profile.budget_seconds
+        over = counts.get("train_seconds", 0.0) - counts.get("last_batch_seconds", 0.0)
         shown = [
             f"{v:.2f} s" if v is not None else "-"
             for v in (result.eval_seconds, export, load, score, result.check_seconds)

@@ -7,10 +7,10 @@ each: start-up, its launch part (sandbox, interpreter, torch, device) and the re
 to its first timed batch: mostly torch.compile), the training rate, what the store holds, and the
 run's overhead (its time outside training) as a share of the profile's real budget.
 
-    python scripts/bench_startup.py --profile gpu --budget 20 --data-cache DIR [--data embedded:default]
-    python scripts/bench_startup.py --profile test --budget 2 --compile
-    python scripts/bench_startup.py --profile gpu --budget 20 --train-py OTHER.py   # another train.py
-    python scripts/bench_startup.py --profile gpu --budget 20 --no-sandbox          # the sandbox's cost
+    python scripts/bench_startup.py --profile gpu --budget 67108864 --data-cache DIR [--data embedded:default]
+    python scripts/bench_startup.py --profile test --budget 65536 --compile
+    python scripts/bench_startup.py --profile gpu --budget 67108864 --train-py OTHER.py   # another train.py
+    python scripts/bench_startup.py --profile gpu --budget 67108864 --no-sandbox          # the sandbox's cost
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="gpu")
     parser.add_argument("--data", help="replace the profile's data, e.g. embedded:default")
-    parser.add_argument("--budget", type=float, default=20, help="training seconds per run")
+    parser.add_argument("--budget", type=int, default=2**26, help="training tokens per run")
     parser.add_argument("--data-cache", default=os.environ.get("SWARM_DATA", "/tmp/swarmcache"))
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile on the CPU too (a check of the plumbing)"
@@ -52,9 +52,9 @@ def main() -> None:
     parser.add_argument("--train-py", type=Path, help="bench this train.py instead of the baseline")
     parser.add_argument("--no-sandbox", action="store_true", help="run without the sandbox (to measure its cost)")
     args = parser.parse_args()
-    real_budget = get_profile(args.profile, args.data).budget_seconds  # what a node's runs get
+    real_budget = get_profile(args.profile, args.data).budget_tokens  # what a node's runs get
     profile = dataclasses.replace(
-        get_profile(args.profile, args.data), budget_seconds=args.budget, startup_seconds=600
+        get_profile(args.profile, args.data), budget_tokens=args.budget, startup_seconds=600
     )
     data = prepare_data(profile, Path(args.data_cache))
     source = (args.train_py or BASELINE_TRAIN_PY).read_text()
@@ -65,7 +65,7 @@ def main() -> None:
     sandboxed = sandbox_available() and not args.no_sandbox
     uid = sandbox_uid() if sandboxed else None
     print(
-        f"{args.train_py or 'the baseline train.py'}: profile {profile.name}, budget {profile.budget_seconds:.0f} s, sandbox "
+        f"{args.train_py or 'the baseline train.py'}: profile {profile.name}, budget {profile.budget_tokens} tokens, sandbox "
         f"{'yes' if sandboxed else 'no'}, store "
         f"{'lent as hard links (a uid of its own)' if uid is not None else 'lent as copies' if sandboxed else 'used in place'}"
         f"; work in {work}"
@@ -82,7 +82,7 @@ def main() -> None:
         f"{'run':<24} {'start-up':>9} {'launch':>7} {'compile':>8} {'train':>6} {'eval':>6} "
         f"{'total':>7} {'val_bpb':>8} {'M tok/s':>8} {'peak GiB':>9} {'store MB':>9} {'files':>6}"
     )
-    rows, overheads = {}, {}
+    rows, overheads, speeds = {}, {}, []
     for index, (label, name, store_name, keep) in enumerate(plan):
         if store_name not in stores:
             stores[store_name] = CompileCache(work / f"store-{store_name}")
@@ -102,6 +102,7 @@ def main() -> None:
         startup, launch = result.startup_seconds or 0.0, result.launch_seconds or 0.0
         rows[label] = startup
         overheads[label] = wall - result.train_seconds
+        speeds.append(result.tokens_per_second or 0.0)
         print(
             f"{label:<24} {startup:>8.1f}s {launch:>6.1f}s {startup - launch:>7.1f}s "
             f"{result.train_seconds:>5.0f}s {result.eval_seconds or 0:>5.1f}s {wall:>6.1f}s "
@@ -113,11 +114,14 @@ def main() -> None:
     for label in [label for label, *_ in plan[1:]]:
         if cold and label in rows:
             print(f"start-up {label}: {rows[label]:.1f} s = {rows[label] / cold:.2f} x the cold {cold:.1f} s")
+    # The profile's training time on this machine: its budget at the measured tokens per second.
+    real_seconds = real_budget / max(speeds) if speeds and max(speeds) > 0 else None
     for label, overhead in overheads.items():  # the rest of an experiment (choosing, publishing) is under 1 s
-        print(
-            f"overhead {label}: {overhead:.1f} s outside training = {overhead / real_budget:.1%} "
-            f"of the profile's {real_budget:.0f} s budget"
-        )
+        if real_seconds:
+            print(
+                f"overhead {label}: {overhead:.1f} s outside training = {overhead / real_seconds:.1%} "
+                f"of the profile's {real_seconds:.0f} s of training ({real_budget} tokens) here"
+            )
     shutil.rmtree(work, ignore_errors=True)
 
 

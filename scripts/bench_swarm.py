@@ -5,7 +5,8 @@ over time, read back from their ledgers.
 For the swarm: the best *verified* head (the consensus rule over the facts known at that minute:
 confirmed by the quorum of peers other than its author) and the best kept claim of any node. A
 node alone has no peers to verify it, so only its best kept claim exists. Each val_bpb is the one
-its author measured; the baseline is the mean of the nodes' own baseline runs.
+its author measured; the baseline is the mean of the node's own runs of the baseline, and its
+noise the spread of its paired differences (docs/trainer.md).
 
     python scripts/bench_swarm.py --minutes 20 --profile cpu --nodes 3
 """
@@ -25,7 +26,7 @@ from node import consensus
 from node.agent.adoption import swarm_rows
 from node.ledger import Ledger, ledger_path
 from node.local import campaign_terms
-from node.trainer import harness_sha256
+from node.trainer import get_profile, harness_sha256
 
 
 def launch(root: Path, nodes: int, args: argparse.Namespace) -> subprocess.Popen:
@@ -48,11 +49,15 @@ def timeline(home: Path, profile: str, baseline: str, quorum: int, minutes: floa
             (profile,),
         )
         times = {r["id"]: r["time"] for r in ledger.rows("SELECT id, time FROM results")}
-        noise = [r["val_bpb"] for r in ledger.rows(
-            "SELECT val_bpb FROM runs WHERE description = 'noise' AND val_bpb IS NOT NULL")]  # fmt: skip
+        own = [r["val_bpb"] for r in ledger.rows(
+            "SELECT val_bpb FROM runs WHERE child = ? AND parent = child AND val_bpb IS NOT NULL",
+            (baseline,))]  # fmt: skip
+        sigma, df = consensus.paired_noise(
+            ledger.paired_differences(profile), get_profile(profile).paired_noise
+        )
         counts = {r["outcome"]: r["n"] for r in ledger.rows(
             "SELECT outcome, COUNT(*) AS n FROM results WHERE profile = ? GROUP BY outcome", (profile,))}  # fmt: skip
-    harness = harness_sha256()
+    harness = harness_sha256(get_profile(profile))
     rows = []
     for minute in range(1, int(minutes) + 1):
         cut = t0_ms + minute * 60_000
@@ -62,8 +67,8 @@ def timeline(home: Path, profile: str, baseline: str, quorum: int, minutes: floa
         made = [r["val_bpb"] for r in known if r["child"] == head and r["outcome"] == "keep"]
         kept = [r["val_bpb"] for r in known if r["outcome"] == "keep" and r["val_bpb"] is not None]
         rows.append({"minute": minute, "verified": min(made) if made else None, "kept": min(kept) if kept else None})
-    return {"baseline": statistics.fmean(noise) if noise else None, "noise_runs": len(noise),
-            "outcomes": counts, "minutes": rows}  # fmt: skip
+    return {"baseline": statistics.fmean(own) if own else None, "baseline_runs": len(own),
+            "sigma": sigma, "sigma_df": df, "outcomes": counts, "minutes": rows}  # fmt: skip
 
 
 def main() -> None:
@@ -97,7 +102,8 @@ def main() -> None:
     print(f"profile {args.profile}, {args.nodes} nodes against 1, {args.minutes:g} min, quorum {quorum}")
     for name in ("swarm", "alone"):
         part = out[name]
-        print(f"{name}: baseline {fmt(part['baseline'])} ({part['noise_runs']} runs), results {part['outcomes']}")
+        print(f"{name}: baseline {fmt(part['baseline'])} ({part['baseline_runs']} runs), paired noise "
+              f"{part['sigma']:.4f} ({part['sigma_df']} degrees of freedom), results {part['outcomes']}")
     print("minute  swarm verified  swarm best kept  alone best kept")
     for s, a in zip(out["swarm"]["minutes"], out["alone"]["minutes"], strict=True):
         print(f"{s['minute']:6d}  {fmt(s['verified']):>14}  {fmt(s['kept']):>15}  {fmt(a['kept']):>15}")

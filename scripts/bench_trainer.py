@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--profile", default="gpu", choices=["gpu", "cpu", "test"])
     parser.add_argument("--data", type=Path, help="tarball of a built data cache to unpack first")
     parser.add_argument("--variants", nargs="+", default=["baseline"], choices=sorted(VARIANTS))
-    parser.add_argument("--budget", type=float, help="override the profile's training budget (seconds)")
+    parser.add_argument("--budget", type=int, help="override the profile's training budget (tokens)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
     args = parser.parse_args()
@@ -81,7 +81,7 @@ def main() -> None:
 
     profile = get_profile(args.profile, "embedded:default" if args.profile == "gpu" else None)
     if args.budget:
-        profile = dataclasses.replace(profile, budget_seconds=args.budget)
+        profile = dataclasses.replace(profile, budget_tokens=args.budget)
     rate = 0.0
     if profile.device == "cuda":
         rate = matmul_rate()

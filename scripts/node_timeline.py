@@ -98,7 +98,8 @@ def timeline(home: Path, t0: float | list[float] | None = None) -> dict:
             "id": row["id"], "kind": _kind(row.get("description") or ""),
             "description": row.get("description") or "", "outcome": row["outcome"], "val_bpb": row["val_bpb"],
             "start": start, "end": end, "runner_end": runner_end,
-            "budget": (config.get("profile") or {}).get("budget_seconds"),
+            # a wall-clock budget (runs of older harnesses), else what the run trained for
+            "budget": (config.get("profile") or {}).get("budget_seconds") or result.get("train_seconds"),
             **{k: result.get(k) for k in ("startup_seconds", "train_seconds", "eval_seconds", "total_seconds",
                                           "tokens_per_second", "mfu", "steps", "tokens", "sandboxed", "error")},
         })  # fmt: skip
@@ -167,7 +168,8 @@ def summarise(runs: list[dict]) -> dict:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
     timed = [r for r in runs if r["overhead"] is not None and r["train_seconds"]]
     mean = lambda key, rs: statistics.fmean([r[key] for r in rs if r[key] is not None]) if rs else None  # noqa: E731
-    budget = next((r["budget"] for r in runs if r["budget"]), None)
+    budgets = [r["budget"] for r in runs if r["budget"]]
+    budget = statistics.fmean(budgets) if budgets else None
     summary = {
         "runs": len(runs), "baseline_runs": sum(r["kind"] == "baseline" for r in runs),
         "verify_runs": sum(r["kind"] == "verify" for r in runs), "research": outcomes,

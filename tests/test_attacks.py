@@ -31,7 +31,7 @@ from node.trainer.sandbox import SANDBOX_UID_BASE, processes_of, sandbox_availab
 pytestmark = pytest.mark.skipif(not sandbox_available(), reason="bubblewrap is not installed")
 
 ATTACK = dataclasses.replace(
-    get_profile("test"), budget_seconds=1, startup_seconds=30, grace_seconds=3, eval_seconds=30
+    get_profile("test"), budget_tokens=2**15, startup_seconds=30, max_train_seconds=4, eval_seconds=30
 )
 SECRET = "sk-live-0123456789abcdef"  # in the runner's environment and in the planted key and ledger
 HEAD = "from node.trainer.harness import session\nS = session()\n"

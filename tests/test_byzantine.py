@@ -46,8 +46,8 @@ QUORUM = 2
 MARGIN = 0.02  # the verifiers' noise margin, bpb (a node measures its own; fixed here)
 # The test profile with a shorter budget: the same harness and data, fewer seconds per run, and
 # generous limits on start-up and evaluation (a run killed on loaded cores would be a crash).
-FAST = dataclasses.replace(get_profile("test"), budget_seconds=1.5, startup_seconds=180,
-                           grace_seconds=30, eval_seconds=180)  # fmt: skip
+FAST = dataclasses.replace(get_profile("test"), budget_tokens=3 * 2**14, startup_seconds=180,
+                           max_train_seconds=60, eval_seconds=180)  # fmt: skip
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
 # The campaign's baseline: learning rates a hundred times too small, so that restoring them is a
@@ -114,7 +114,7 @@ def publish(home: Path, who: Identity, kind: str, body: dict, *versions: str) ->
 def result_body(child: str, val_bpb: float, description: str, outcome: str = "keep") -> dict:
     return wire.result_body(
         parent=sha(WEAK), child=sha(child), diff=f"{description}\n".encode(),
-        description=description, profile="test", harness=harness_sha256(), seed=1,
+        description=description, profile="test", harness=harness_sha256(FAST), seed=1,
         outcome=outcome, metrics={"val_bpb": val_bpb, "steps": 100, "tokens": 100_000},
     )  # fmt: skip
 
@@ -137,36 +137,36 @@ class Verifier:
 
     def __init__(self, node: Node) -> None:
         self.node, self.me = node, load_identity(node.home)
-        self.parent_scores: dict[str, float] = {}
-        self.looks = 0  # each look on a fresh seed, as a node's own researcher gives it
+        self.parent_scores: dict[str, dict[int, float]] = {}  # by parent, by seed
+        # Each look at a claim on a seed of its own, shared by the claims on one parent (whose
+        # score on it is then known), as a node's own researcher chooses them.
+        self.looks: dict[str, int] = {}
 
     def open_claims(self) -> list[dict]:
         from node.agent.verifier import ledger_claims_to_verify
 
         with Ledger(self.node.home / "ledger.db", campaign=CAMPAIGN) as book:
             return [dict(c) for c in ledger_claims_to_verify(
-                book, self.me.peer_id, "test", harness_sha256(), QUORUM, limit=10,
+                book, self.me.peer_id, "test", harness_sha256(FAST), QUORUM, limit=10,
                 baseline=sha(WEAK))]  # fmt: skip
 
     def has(self, version: str) -> bool:
         return bool(rows(self.node.home, "SELECT 1 FROM versions WHERE sha256 = ?", (version,)))
 
     def start(self, pool: ProcessPoolExecutor, claim: dict, data) -> Future:
-        self.looks += 1
-        return pool.submit(
-            verify_in, self.node.home, claim, data, self.parent_scores.get(claim["parent"]),
-            2 + self.looks,
-        )  # fmt: skip
+        self.looks[claim["id"]] = look = self.looks.get(claim["id"], 0) + 1
+        known = self.parent_scores.setdefault(claim["parent"], {})
+        return pool.submit(verify_in, self.node.home, claim, data, dict(known), 2 + look)
 
     def done(self, claim: dict, future: Future) -> str:
         fact_id, parent_val_bpb = future.result()
         if parent_val_bpb is not None:
-            self.parent_scores[claim["parent"]] = parent_val_bpb
+            self.parent_scores[claim["parent"]][2 + self.looks[claim["id"]]] = parent_val_bpb
         return fact_id
 
 
 def verify_in(
-    home: Path, claim: dict, data, parent_val_bpb: float | None, seed: int
+    home: Path, claim: dict, data, parent_scores: dict[int, float], seed: int
 ) -> tuple[str, float | None]:
     """One verification by the node in HOME, in a process of its own (two verifiers run at once,
     and CPython's parser is not safe to call from two threads at once)."""
@@ -174,7 +174,7 @@ def verify_in(
 
     with Ledger(home / "ledger.db", campaign=CAMPAIGN) as book:
         done = verify_claim(book, load_identity(home), claim, MARGIN, FAST, data, home / "verify",
-                            seed=seed, parent_val_bpb=parent_val_bpb)  # fmt: skip
+                            seed=seed, parent_score=parent_scores.get)  # fmt: skip
     return done.fact.id, done.parent_val_bpb
 
 
@@ -222,7 +222,7 @@ def hostile_plan(raw: Identity, colluder: Identity, fakes: list[str], win_raw: b
     confirm = [
         wire.sign(colluder, "verification", CAMPAIGN, seq, wire.verification_body(
             result=fid, child_val_bpb=0.5, parent_val_bpb=3.0, seed=seq, profile="test",
-            harness=harness_sha256(), verdict="confirm")).raw
+            harness=harness_sha256(FAST), verdict="confirm")).raw
         for seq, fid in enumerate(fakes, 1)
     ]  # fmt: skip
     forged = []
@@ -277,7 +277,7 @@ def held_claims(home: Path) -> dict[str, str]:
 def skip_if_harness_changed(at_start: str) -> None:
     """Claims name the harness they were measured with; when its files change while the test runs
     (someone editing the working tree), the claims published before no longer match the nodes'."""
-    if harness_sha256() != at_start:
+    if harness_sha256(FAST) != at_start:
         pytest.skip("the trainer's harness files changed while the test ran: run it again")
 
 
@@ -290,7 +290,7 @@ def silenced_by(node: Node, peers: set[str]) -> bool:
 def test_byzantine_peers_lose_standing_and_adopt_nothing_while_honest_wins_are_adopted(
     tmp_path: Path, processes: list, small_data
 ) -> None:
-    began, harness = time.monotonic(), harness_sha256()
+    began, harness = time.monotonic(), harness_sha256(FAST)
     campaign = campaign_fact()
     homes = {name: tmp_path / name for name in ("boot", "v1", "v2", "faker", "late")}
     ids = {name: prepare_home(home, campaign) for name, home in homes.items() if name != "late"}
@@ -421,13 +421,14 @@ def test_a_joined_node_refutes_fakes_skips_the_silenced_faker_and_adopts_the_hon
     after three failures, never runs its fourth claim, and adopts the win, never a fake."""
     from conftest import Process
 
-    began, phases, harness = time.monotonic(), [], harness_sha256()
+    began, phases, harness = time.monotonic(), [], harness_sha256(FAST)
     env = {**os.environ, "SWARM_DATA": str(data_cache), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     (tmp_path / "weak.py").write_text(WEAK)
     made = subprocess.run(
         [sys.executable, "-m", "node.cli", "campaign", "new", CAMPAIGN, "--program",
          str(ROOT / "program.md"), "--profile", "test", "--quorum", "1", "--baseline",
-         str(tmp_path / "weak.py"), "--out", str(tmp_path / "c.json"), "--home",
+         str(tmp_path / "weak.py"), "--budget", f"test={FAST.budget_tokens}",  # the claims' budget
+         "--out", str(tmp_path / "c.json"), "--home",
          str(tmp_path / "organiser")],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

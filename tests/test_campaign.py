@@ -12,7 +12,7 @@ import pytest
 from conftest import Process, make_result, run_swarm
 
 from node import wire
-from node.campaign import CampaignError, check_data, load_campaign, parse_campaign
+from node.campaign import CampaignError, check_data, load_campaign, parse_campaign, pinned_budget
 from node.trainer.sandbox import sandbox_available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def made(tmp_path_factory, small_data, data_cache):
     where = tmp_path_factory.mktemp("campaign")
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
     done = run_swarm("campaign", "new", "hack-nov", "--program", str(ROOT / "program.md"), "--profile", "test",
-                 "--quorum", "2", "--baseline", str(WEAK), "--out", str(where / "hack.json"),
+                 "--quorum", "2", "--baseline", str(WEAK), "--budget", "test=32768", "--out", str(where / "hack.json"),
                  "--home", str(where / "organiser"), env=env)
     assert done.returncode == 0, done.stderr
     return where / "hack.json", env, small_data
@@ -42,7 +42,8 @@ def test_a_campaign_file_pins_program_baseline_data_and_quorum_under_the_organis
     assert campaign.name == "hack-nov" and campaign.quorum == 2 and campaign.profiles == ["test"]
     assert campaign.baseline == WEAK.read_text() and campaign.program == (ROOT / "program.md").read_text()
     assert campaign.data_for("test") == {"data": "embedded:small", "tokens": data.sha256,
-                                         "tokenizer": data.manifest["tokenizer_sha256"]}
+                                         "tokenizer": data.manifest["tokenizer_sha256"], "budget": "32768"}
+    assert pinned_budget(campaign, "test") == 32768 and pinned_budget(None, "test") is None
     assert campaign.organiser == campaign.fact.peer_id
     check_data(campaign, "test", data.manifest)  # this machine built the same data
     with pytest.raises(CampaignError, match="differ from campaign hack-nov"):
@@ -96,6 +97,11 @@ def test_bad_campaign_arguments_are_one_line_errors(made, tmp_path):
     refused = run_swarm("campaign", "new", "x", "--program", str(ROOT / "program.md"), "--profile", "test",
                     "--baseline", str(baseline), "--home", str(tmp_path / "o"), env=env)
     assert refused.returncode == 1 and "breaks the train.py policy" in refused.stderr
+    for bad in ("cpu=1000", "test=lots", "test"):
+        budget = run_swarm("campaign", "new", "x", "--program", str(ROOT / "program.md"), "--profile", "test",
+                           "--budget", bad, "--home", str(tmp_path / "o"), env=env)
+        assert budget.returncode == 1 and "expected PROFILE=TOKENS" in budget.stderr, budget.stderr
+        assert len(budget.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)")
@@ -110,7 +116,8 @@ def test_a_bootstrap_serves_its_campaign_file_and_a_newcomer_joins_it_by_hash(ma
         address = boot.wait_for(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", 60).group(1)
         node = Process("join", "--bootstrap", address, "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "test",
                        "--campaign", f"sha256:{campaign.sha256}", "--home", str(tmp_path / "newcomer"), env=env)
-        node.wait_for(r"node \w+: campaign hack-nov, profile test", 120)
+        # The campaign's budget, not the profile's own, for every member.
+        node.wait_for(r"node \w+: campaign hack-nov, profile test, .*, 32768 training tokens a run", 120)
         kept = tmp_path / "newcomer" / "campaigns" / f"{campaign.sha256}.campaign.json"
         assert load_campaign(kept).fact.id == campaign.fact.id
         wrong = run_swarm("join", "--bootstrap", address, "--campaign", "sha256:" + "cd" * 32,

@@ -21,7 +21,7 @@ COMPILED = BASELINE_TRAIN_PY.read_text().replace(
     'COMPILE = S.device.type == "cuda"', "COMPILE = True"
 )
 WIDER = COMPILED.replace('"test": (2, 64, 32, 16, 1)', '"test": (2, 96, 32, 16, 1)')
-PROFILE = dataclasses.replace(get_profile("test"), budget_seconds=1, startup_seconds=240)
+PROFILE = dataclasses.replace(get_profile("test"), budget_tokens=2**15, startup_seconds=240)
 
 
 class Counting(CompileCache):

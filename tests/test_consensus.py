@@ -369,3 +369,26 @@ def test_the_hold_does_not_depend_on_the_order_of_the_facts(claim_list, quorum, 
     order.shuffle(verifications)
     assert verified_children(results, verifications, quorum) == verified
     assert held_claims(results, verifications, quorum) == held
+
+
+def test_paired_noise_pools_the_spread_of_each_pair_around_its_own_mean():
+    """A pair's true effect is the same on every seed: only its spread around its mean is noise,
+    however large the effect; a pair on one seed says nothing about noise."""
+    pairs = {
+        ("p", "a"): [-0.100, -0.104],  # a large effect, spread 0.004 (0.002 from the mean)
+        ("p", "b"): [0.010, 0.012, 0.014],  # another, spread around 0.012
+        ("p", "c"): [0.5],  # one seed: no degree of freedom
+    }
+    squares = 2 * 0.002**2 + 2 * 0.002**2
+    sigma, df = consensus.paired_noise(pairs, prior=0.01, prior_df=0)
+    assert df == 3 and sigma == pytest.approx((squares / 3) ** 0.5)
+    with_prior, _ = consensus.paired_noise(pairs, prior=0.01, prior_df=2)
+    assert with_prior == pytest.approx(((2 * 0.01**2 + squares) / 5) ** 0.5)
+    assert consensus.paired_noise({}, prior=0.01) == (0.01, 0)  # nothing measured: the prior
+    assert consensus.paired_noise({("p", "c"): [0.5]}, prior=0.0, prior_df=0) == (0.0, 0)
+
+
+def test_the_margin_shrinks_with_the_runs_behind_a_mean_and_has_a_floor():
+    assert consensus.margin_for(0.01) == pytest.approx(0.02)
+    assert consensus.margin_for(0.01, runs=4) == pytest.approx(0.01)
+    assert consensus.margin_for(0.0001) == consensus.DEFAULT_FLOOR

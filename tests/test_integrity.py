@@ -18,7 +18,7 @@ from node.trainer.sandbox import sandbox_available
 
 pytestmark = pytest.mark.skipif(not sandbox_available(), reason="bubblewrap is not installed")
 
-PROFILE = dataclasses.replace(get_profile("test"), budget_seconds=2, grace_seconds=10)
+PROFILE = dataclasses.replace(get_profile("test"), max_train_seconds=20)
 BASELINE = BASELINE_TRAIN_PY.read_text()
 RETURN = "        return self.head(x, targets)\n"
 assert RETURN in BASELINE
@@ -86,10 +86,10 @@ def honest(tmp_path_factory, small_data):
     return result
 
 
-def run(tmp_path, data, source: str):
+def run(tmp_path, data, source: str, speed: float | None = None):
     script = tmp_path / "train.py"
     script.write_text(source)
-    return run_experiment(script, PROFILE, data, tmp_path / "run", sandbox=True)
+    return run_experiment(script, PROFILE, data, tmp_path / "run", sandbox=True, speed=speed)
 
 
 @pytest.mark.parametrize("name", sorted(CHEATS))
@@ -121,7 +121,8 @@ def test_training_after_the_last_batch_counts_against_the_budget(tmp_path, small
         tail,
         TRAINS_ON
         + """
-while S.elapsed() < 2 * S.budget_seconds:
+batches_took = S.elapsed()
+while S.elapsed() < 2 * batches_took:
     for x, y in kept:
         model(x, y).backward()
         for opt in optimizers:
@@ -133,7 +134,39 @@ S.finish(model)
     result = run(tmp_path, small_data, source)
     assert result.outcome == "void", (result.outcome, result.error)
     assert "past the budget" in result.error and "finish" in result.error
-    assert result.train_seconds > PROFILE.budget_seconds * 1.5
+
+
+LOOP = "for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):\n"
+assert LOOP in BASELINE
+
+
+@pytest.mark.parametrize("passes", [3, 6])
+def test_work_beyond_the_counted_compute_is_void(passes, tmp_path, small_data, honest):
+    """Several optimizer steps on every batch: the tokens are the budget's, the compute a
+    multiple of what its FLOPs per token count. The node's measured speed (here the honest
+    baseline's run) bounds it."""
+    source = BASELINE.replace(
+        LOOP,
+        LOOP + f"    for _ in range({passes - 1}):\n"
+        "        model(x, y).backward()\n"
+        "        for opt in optimizers:\n"
+        "            opt.step()\n"
+        "        model.zero_grad(set_to_none=True)\n",
+    )
+    result = run(tmp_path, small_data, source, speed=honest.speed)
+    assert result.outcome == "void", (result.outcome, result.error)
+    assert "work the budget does not count" in result.error
+    assert result.val_bpb is None
+
+
+def test_a_model_beyond_the_envelope_is_void(tmp_path, small_data):
+    """The budget is tokens for a model of at most the profile's FLOPs per token: a wider one
+    would buy compute the budget does not count."""
+    source = BASELINE.replace('"test": (2, 64, 32, 16, 1)', '"test": (4, 128, 32, 16, 1)')
+    assert source != BASELINE
+    result = run(tmp_path, small_data, source)
+    assert result.outcome == "void", (result.outcome, result.error)
+    assert "envelope" in result.error and "make the model smaller" in result.error
 
 
 def test_a_run_that_leaves_its_loop_early_reports_what_it_did(tmp_path, small_data):
@@ -144,7 +177,7 @@ def test_a_run_that_leaves_its_loop_early_reports_what_it_did(tmp_path, small_da
     result = run(tmp_path, small_data, source)
     assert result.outcome == "ok", result.error
     assert result.steps == 20 and result.tokens == 20 * 16 * PROFILE.seq_len
-    assert 0 < result.train_seconds < PROFILE.budget_seconds
+    assert 0 < result.train_seconds and result.tokens < PROFILE.budget_tokens
 
 
 def occurs_in(tokens: np.ndarray, gram: list[int]) -> bool:
@@ -180,16 +213,17 @@ def test_warm_up_batches_hold_no_text(tmp_path, small_data):
     assert all(occurs_in(train, row) for row in batches[4])  # the first timed batch is text
 
 
-def test_no_honest_change_of_the_baseline_is_refused(tmp_path_factory, small_data):
-    """The offline proposer's changes of the baseline score: none is void or crashes. Two at a
-    time on a machine of two cores, so the clock's slack is tried under load too. The suite runs
+def test_no_honest_change_of_the_baseline_is_refused(tmp_path_factory, small_data, honest):
+    """The offline proposer's changes of the baseline score: none is void or crashes, with the
+    work bound at the baseline's measured speed. Two at a time on a machine of two cores, so the
+    clock's slack and the work bound are tried under load too. The suite runs
     the changes of the model's code and of the test profile's sizes and batches (19); with
     SWARM_TEST_ALL_CHANGES=1 every single change (51, six minutes), constants included."""
     from concurrent.futures import ThreadPoolExecutor
 
     from node.agent.offline import KNOWN_EDITS, OfflineProposer
 
-    profile = dataclasses.replace(PROFILE, budget_seconds=0.5)
+    profile = dataclasses.replace(PROFILE, budget_tokens=2**14)
     changes = [c for c in OfflineProposer(0).candidates(BASELINE, "test") if ";" not in c[0]]
     assert len(changes) >= 40
     if not os.environ.get("SWARM_TEST_ALL_CHANGES"):
@@ -201,8 +235,9 @@ def test_no_honest_change_of_the_baseline_is_refused(tmp_path_factory, small_dat
         folder = tmp_path_factory.mktemp("honest-change")
         (folder / "train.py").write_text(change[1])
         result = run_experiment(
-            folder / "train.py", profile, small_data, folder / "run", sandbox=True
-        )
+            folder / "train.py", profile, small_data, folder / "run", sandbox=True,
+            speed=honest.speed,
+        )  # fmt: skip
         return change[0], result.outcome, result.error
 
     with ThreadPoolExecutor(2) as pool:

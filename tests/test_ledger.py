@@ -169,21 +169,33 @@ def test_files_that_are_not_ledgers_are_clear_errors(tmp_path):
 
 
 def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, alice):
-    with Ledger(tmp_path / "l.db") as v1:
-        v1.ingest(make_result(alice, 1, BASELINE, V1, 1.5).raw)
+    monkeypatch.setattr(ledger, "MIGRATIONS", ledger.MIGRATIONS[:1])
+    with Ledger(tmp_path / "l.db") as v1:  # a release-1 ledger, holding a result as it stored one
         assert v1.schema_version == 1
+        v1.conn.execute(
+            "INSERT INTO results (id, profile, outcome, val_bpb) VALUES ('r1', 'cpu', 'keep', 1.5)"
+        )
+    monkeypatch.undo()
     calls = []
 
-    def step_2(db):
-        calls.append(2)
+    def step_3(db):
+        calls.append(3)
         db["results"].add_column("note", str)
 
-    monkeypatch.setattr(ledger, "MIGRATIONS", [*ledger.MIGRATIONS, step_2])
-    with Ledger(tmp_path / "l.db") as v2:
-        assert v2.schema_version == 2 and "note" in v2.db["results"].columns_dict
-        assert _count(v2, "facts") == 1
+    monkeypatch.setattr(ledger, "MIGRATIONS", [*ledger.MIGRATIONS, step_3])
+    with Ledger(tmp_path / "l.db") as v3:
+        assert v3.schema_version == 3
+        assert {"seeds", "parent_scores", "device", "budget", "note"} <= set(
+            v3.db["results"].columns_dict
+        )
+        assert {"seed", "harness", "speed"} <= set(v3.db["runs"].columns_dict)
+        assert v3.rows("SELECT id, val_bpb, seeds FROM results") == [
+            {"id": "r1", "val_bpb": 1.5, "seeds": None}
+        ]
+        v3.ingest(make_result(alice, 1, BASELINE, V1, 1.4).raw)  # a new fact in the old ledger
+        assert _count(v3, "results") == 2
     Ledger(tmp_path / "l.db").close()
-    assert calls == [2]
+    assert calls == [3]
 
 
 # ---------------------------------------------------------------- leaderboard and lineage

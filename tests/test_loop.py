@@ -1,4 +1,5 @@
-"""One research step on the `test` profile: a real run, the keep/discard rule, a signed result."""
+"""One research step on the `test` profile: real runs paired with the head's, the keep/discard
+rule, a signed result."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN
 
+from node.agent import loop
 from node.agent.errors import PatchError, ProposalRefused
-from node.agent.loop import Head, research_step
+from node.agent.loop import Head
 from node.agent.offline import OfflineProposer
 from node.agent.patch import change_hash
 from node.agent.proposers import Context, Proposal, context_from_ledger
@@ -18,8 +20,19 @@ from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
 FAST = dataclasses.replace(
-    get_profile("test"), budget_seconds=2, startup_seconds=30, grace_seconds=5, eval_seconds=30
+    get_profile("test"), startup_seconds=30, max_train_seconds=10, eval_seconds=30
 )
+
+
+SIGMA = 0.01  # the standard deviation of a paired difference: a margin of 0.02 on one seed
+
+
+def research_step(book, me, proposer, head, sigma, profile, data, work_dir, **kwargs):
+    """The loop's step on this node's seeds 1 and 2, its head scoring what `head` says on each."""
+    kwargs.setdefault("parent_score", lambda seed: head.val_bpb)
+    return loop.research_step(
+        book, me, proposer, head, sigma, profile, data, work_dir, seeds=(1, 2), **kwargs
+    )
 
 
 class Scripted:
@@ -42,17 +55,24 @@ def book(tmp_path):
 
 def test_a_win_is_kept_published_signed_and_becomes_the_head(book, alice, tmp_path, small_data):
     head = Head(BASELINE, val_bpb=99.0)  # any trained model beats this by more than the margin
-    step = research_step(book, alice, OfflineProposer(1), head, 0.01, FAST, small_data, tmp_path)
+    step = research_step(book, alice, OfflineProposer(1), head, SIGMA, FAST, small_data, tmp_path)
     assert step.outcome == "keep", step.reason
     child = step.head.sha256
-    assert child != head.sha256 and step.head.val_bpb == step.run.val_bpb
+    assert child != head.sha256
+    # A win on the first seed is run on the second before it is kept: its score is their mean.
+    assert [seed for seed, _, _ in step.pairs] == [1, 2] and step.run.seed == 1
+    assert step.head.val_bpb == pytest.approx(sum(c for _, c, _ in step.pairs) / 2)
     body = step.fact.body
+    assert body["seeds"] == [1, 2] and body["parent_scores"] == [99.0, 99.0]
+    assert body["child_scores"] == [c for _, c, _ in step.pairs]
+    assert body["metrics"]["val_bpb"] == pytest.approx(step.head.val_bpb)
+    assert body["budget"] == FAST.budget_tokens and body["device"].startswith("cpu ")
     assert step.fact.kind == "result" and step.fact.author == alice.public_key
     assert (body["parent"], body["child"], body["outcome"]) == (head.sha256, child, "keep")
     assert body["diff_sha256"] == change_hash(BASELINE, step.head.source)  # the change's name
     assert book.version(child) == step.head.source.encode()
-    assert book.rows("SELECT outcome, fact_id FROM runs") == [
-        {"outcome": "keep", "fact_id": step.fact.id}
+    assert book.rows("SELECT outcome, fact_id, seed FROM runs") == [
+        {"outcome": "keep", "fact_id": step.fact.id, "seed": seed} for seed in (1, 2)
     ]
     # The next proposal on the same parent knows this change was tried, by this node.
     context = context_from_ledger(book, BASELINE, "test", me=alice.peer_id)
@@ -66,7 +86,7 @@ def test_a_gain_within_the_margin_is_discarded_but_still_published(
     book, alice, tmp_path, small_data
 ):
     head = Head(BASELINE, val_bpb=0.5)  # no run on this profile gets near it
-    step = research_step(book, alice, OfflineProposer(2), head, 0.01, FAST, small_data, tmp_path)
+    step = research_step(book, alice, OfflineProposer(2), head, SIGMA, FAST, small_data, tmp_path)
     assert step.outcome == "discard" and step.head == head
     assert step.fact.body["outcome"] == "discard" and step.fact.body["metrics"]["val_bpb"] > 0.5
 
@@ -75,7 +95,7 @@ def test_a_crashing_change_is_published_as_a_crash(book, alice, tmp_path, small_
     broken = BASELINE.replace("S = session()\n", "S = session()\nraise RuntimeError('boom')\n")
     proposer = Scripted(Proposal("a change that crashes", broken))
     step = research_step(
-        book, alice, proposer, Head(BASELINE, 3.0), 0.01, FAST, small_data, tmp_path
+        book, alice, proposer, Head(BASELINE, 3.0), SIGMA, FAST, small_data, tmp_path
     )
     assert step.outcome == "crash" and "exited with code 1" in step.reason
     assert step.fact.body["outcome"] == "crash" and step.fact.body["metrics"]["val_bpb"] is None
@@ -97,7 +117,15 @@ def test_a_refused_or_failing_proposal_never_runs_nor_publishes(
             raise PatchError("policy says no: os")
 
     step = research_step(
-        book, alice, Scripted(answer), Head(BASELINE, 3.0), 0.01, FAST, None, tmp_path, check=policy
+        book,
+        alice,
+        Scripted(answer),
+        Head(BASELINE, 3.0),
+        SIGMA,
+        FAST,
+        None,
+        tmp_path,
+        check=policy,
     )
     assert step.outcome == "refused" and reason in step.reason and step.run is None
     assert book.rows("SELECT COUNT(*) AS n FROM results") == [{"n": 0}]
@@ -106,7 +134,7 @@ def test_a_refused_or_failing_proposal_never_runs_nor_publishes(
 def test_a_proposal_that_breaks_the_policy_never_runs(book, alice, tmp_path):
     sneaky = BASELINE.replace("S.finish(model)", "open('/etc/passwd')\nS.finish(model)")
     step = research_step(
-        book, alice, Scripted(Proposal("read a file", sneaky)), Head(BASELINE, 3.0), 0.01, FAST,
+        book, alice, Scripted(Proposal("read a file", sneaky)), Head(BASELINE, 3.0), SIGMA, FAST,
         None, tmp_path,
     )  # fmt: skip
     assert (
@@ -128,10 +156,10 @@ def test_trailing_spaces_on_added_lines_are_not_part_of_the_change(book, alice, 
         )
 
     step = research_step(
-        book, alice, Scripted(Proposal("narrower", spaced)), Head(BASELINE, 3.0), 0.01, FAST,
+        book, alice, Scripted(Proposal("narrower", spaced)), Head(BASELINE, 3.0), SIGMA, FAST,
         None, tmp_path, run=run,
     )  # fmt: skip
-    assert ran == [clean] and step.head.source == clean
+    assert ran == [clean, clean] and step.head.source == clean  # a win: run on both seeds
     assert step.fact.body["child"] == hashlib.sha256(clean.encode()).hexdigest()
     assert step.fact.body["diff_sha256"] == change_hash(BASELINE, clean)
 
@@ -148,7 +176,7 @@ def test_void_run_is_published_and_never_kept(book, alice, tmp_path):
 
     head = Head(BASELINE, 3.0)  # any score would beat this
     step = research_step(
-        book, alice, Scripted(Proposal("looks ahead", better)), head, 0.01, FAST, None, tmp_path,
+        book, alice, Scripted(Proposal("looks ahead", better)), head, SIGMA, FAST, None, tmp_path,
         run=run,
     )  # fmt: skip
     assert step.outcome == "void" and step.reason == "its predictions depend on later tokens"
@@ -159,3 +187,54 @@ def test_void_run_is_published_and_never_kept(book, alice, tmp_path):
         {"outcome": "void", "val_bpb": None, "fact_id": step.fact.id}
     ]
     assert book.rows("SELECT outcome FROM results") == [{"outcome": "void"}]
+
+
+def fixed_run(score):
+    """A run that scores `score(seed)` without training."""
+
+    def run(script, profile, data, run_dir, seed=0, on_event=None):
+        child = hashlib.sha256(script.read_bytes()).hexdigest()
+        return RunResult(
+            "ok", score(seed), 1, 64, 1.0, 2.0, None, None, child, "ab" * 32, "test", seed, "d",
+            run_dir=str(run_dir), device_name="cpu AVX2",
+        )  # fmt: skip
+
+    return run
+
+
+def test_every_comparison_is_paired_and_a_second_seed_runs_only_where_it_tells(
+    book, alice, tmp_path
+):
+    """Child and head on the same seeds: a first pair that is no win ends the step; while the
+    node calibrates its noise, every experiment runs on both seeds."""
+    heads = {1: 3.00, 2: 3.10}  # the head's score on each of this node's seeds
+    children = {1: 3.001, 2: 3.107}
+    change = Proposal("narrower", BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 "))
+    step = research_step(
+        book, alice, Scripted(change), Head(BASELINE, 3.05), SIGMA, FAST, None, tmp_path,
+        parent_score=heads.get, run=fixed_run(children.get),
+    )  # fmt: skip
+    assert step.outcome == "discard" and step.pairs == ((1, 3.001, 3.00),)
+    other = Proposal("wider", BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 5 "))
+    step = research_step(
+        book, alice, Scripted(other), Head(BASELINE, 3.05), SIGMA, FAST, None, tmp_path,
+        parent_score=heads.get, run=fixed_run(children.get), calibrating=True,
+    )  # fmt: skip
+    assert step.outcome == "discard" and step.pairs == ((1, 3.001, 3.00), (2, 3.107, 3.10))
+    assert step.fact.body["child_scores"] == [3.001, 3.107]
+    assert step.fact.body["parent_scores"] == [3.00, 3.10]
+    # Unpaired, this child (3.054 on average) would look 0.004 worse than a head of 3.05; paired,
+    # its differences are +0.001 and +0.007.
+    assert book.paired_differences("test", "ab" * 32) == {}  # the head's own runs are the caller's
+
+
+def test_a_win_on_one_seed_that_the_second_does_not_repeat_is_discarded(book, alice, tmp_path):
+    heads = {1: 3.00, 2: 3.00}
+    lucky = {1: 2.97, 2: 3.02}  # 0.03 better on seed 1 (a margin of 0.02), 0.02 worse on seed 2
+    change = Proposal("lucky", BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 "))
+    step = research_step(
+        book, alice, Scripted(change), Head(BASELINE, 3.0), SIGMA, FAST, None, tmp_path,
+        parent_score=heads.get, run=fixed_run(lucky.get),
+    )  # fmt: skip
+    # A mean gain of 0.005 over two seeds, against a margin of 2 x 0.01 / sqrt(2) = 0.014.
+    assert step.outcome == "discard" and len(step.pairs) == 2

@@ -55,8 +55,8 @@ def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, sma
         address = boot.wait_for(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", 60).group(1)
         args = [a if a is not None else address for a in join_args]
         node = Process(*args, env=env)
-        # Two baseline runs measure the noise, then each research step publishes a signed result,
-        # which the gossip layer carries to the bootstrap's ledger.
+        # One run scores the baseline, then each research step (child and baseline paired on
+        # each seed) publishes a signed result, which the gossip layer carries to the bootstrap.
         wait_until(lambda: count(boot_home / "ledger.db", "SELECT COUNT(*) FROM results") >= 1,
                    "a result reaches the bootstrap", timeout=240)
         status = json.loads(subprocess.run([sys.executable, "-m", "node.cli", "status", "--home", str(home), "--json"],
@@ -69,14 +69,14 @@ def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, sma
         assert not runs_of_the_node(home)  # the run in flight was ended with the node
         with sqlite3.connect(home / "ledger.db") as conn:
             assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        noise_runs = count(home / "ledger.db", "SELECT COUNT(*) FROM runs WHERE description = 'noise'")
+        scored = count(home / "ledger.db", "SELECT COUNT(*) FROM runs WHERE description = 'score'")
         steps_before = count(home / "ledger.db", "SELECT COUNT(*) FROM facts")
-        assert noise_runs == 2 and steps_before >= 1
+        assert scored == 1 and steps_before >= 1
 
-        node = Process(*args, env=env)  # a restart resumes: no new noise runs, more experiments
+        node = Process(*args, env=env)  # a restart resumes: the head's score is kept, more experiments
         wait_until(lambda: count(home / "ledger.db", "SELECT COUNT(*) FROM facts") > steps_before,
                    "a new experiment after the restart", timeout=240)
-        assert count(home / "ledger.db", "SELECT COUNT(*) FROM runs WHERE description = 'noise'") == 2
+        assert count(home / "ledger.db", "SELECT COUNT(*) FROM runs WHERE description = 'score'") == 1
     finally:
         for process in (node, boot):
             if process is not None:
@@ -102,8 +102,8 @@ def test_without_bubblewrap_a_node_says_so_and_runs_only_its_own_and_trusted_cod
         assert node.stop() == 0
 
 
-def test_a_node_whose_builtin_baseline_moved_since_its_noise_runs_says_so(tmp_path, small_data, data_cache):
-    # A home whose noise was measured on an older built-in train.py: what an upgrade leaves.
+def test_a_node_whose_builtin_baseline_moved_since_its_first_runs_says_so(tmp_path, small_data, data_cache):
+    # A home whose lineage began on an older built-in train.py: what an upgrade leaves.
     from node.ledger import Ledger, ledger_path
 
     home = tmp_path / "node"
@@ -115,11 +115,11 @@ def test_a_node_whose_builtin_baseline_moved_since_its_noise_runs_says_so(tmp_pa
     node = Process("join", "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "test", "--campaign", CAMPAIGN,
                    "--home", str(home), "--no-sandbox", env=env)
     try:
-        node.wait_for(rf"this home's noise runs were made on another baseline \({old[:12]}\) than this version's "
+        node.wait_for(rf"this home's runs began on another baseline \({old[:12]}\) than this version's "
                       r"built-in train\.py \(\w{12}\): an upgrade changed it, so the node starts a new lineage", 60)
-        # It goes on from the new baseline: its own noise runs, after which the warning has no cause.
-        wait_until(lambda: count(ledger_path(home), "SELECT COUNT(DISTINCT child) FROM runs WHERE description = 'noise'")
-                   == 2, "noise runs on the new baseline", timeout=120)
+        # It goes on from the new baseline: its score of it, after which the warning has no cause.
+        wait_until(lambda: count(ledger_path(home), "SELECT COUNT(DISTINCT child) FROM runs WHERE description IN "
+                                 "('noise', 'score')") == 2, "a score of the new baseline", timeout=120)
     finally:
         assert node.stop() == 0
     from node.node import baseline_moved

@@ -17,7 +17,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import CAMPAIGN, T0, confirming_looks, make_result, make_verification
+from conftest import CAMPAIGN, HARNESS, T0, confirming_looks, make_result, make_verification
 from typer.testing import CliRunner
 
 from node import wire
@@ -72,9 +72,13 @@ def ledger_file(tmp_path, alice, bob, carol) -> Path:
         assert all(isinstance(f, wire.Fact) for f in book.ingest_many([f.raw for f in facts]))
         for source in (BASE_SRC, V1_SRC):
             book.add_version(source)
-        for profile, child, val_bpb in (("cpu", BASE, 1.60), ("cpu", BASE, 1.61),
-                                        ("cpu", V1, 1.50), ("gpu", BASE, 1.30)):  # fmt: skip
-            book.record_run(profile=profile, parent=child, child=child, val_bpb=val_bpb)
+        # This node's paired runs: V1 against BASE on two seeds, V6 against BASE on one.
+        for profile, parent, child, seed, val_bpb in (
+            ("cpu", BASE, BASE, 1, 1.60), ("cpu", BASE, BASE, 2, 1.61), ("cpu", BASE, V1, 1, 1.50),
+            ("cpu", BASE, V1, 2, 1.53), ("gpu", BASE, BASE, 1, 1.30), ("gpu", BASE, V6, 1, 1.20),
+        ):  # fmt: skip
+            book.record_run(profile=profile, parent=parent, child=child, val_bpb=val_bpb,
+                            seed=seed, harness=HARNESS)  # fmt: skip
     return path
 
 
@@ -227,9 +231,10 @@ def test_page_shows_leaderboard_lineage_peers_and_noise(ledger_file, tmp_path, a
     assert peers[carol.peer_id] == ["2", "1", "0", "1", "0", "0", "1", "1"]
 
     noise = {row[0]: row[1:] for row in page.tables["noise"][1:]}
-    assert noise["cpu"][:2] == ["2", "1.6000, 1.6100"]  # the run of V1 is no baseline run
-    assert noise["cpu"][2].startswith("0.0141 bpb")  # 2 x stdev(1.60, 1.61) = 0.01414
-    assert noise["gpu"][2].startswith("not measured yet (1 scored baseline run, 2 needed)")
+    assert noise["cpu"][:2] == ["1", "2"]  # one pair, on two seeds
+    # The spread of V1 - BASE around its mean: stdev(-0.10, -0.08) = 0.01414, one degree of freedom.
+    assert noise["cpu"][2].startswith("0.0141 bpb over 1 degrees of freedom; margin 0.0283")
+    assert noise["gpu"][2].startswith("not measured yet: no pair ran on two seeds")
 
     summary = page.text["summary"]
     assert "6 experiments by 3 peers: 4 kept, 1 discarded, 1 crashed" in summary

@@ -1,4 +1,4 @@
-"""The research loop: noise first, then research, verification of peers, adoption and resume.
+"""The research loop: paired research from the start, verification of peers, adoption and resume.
 
 Runs are scripted (a known landscape, no training) so that the loop's decisions are exact; the
 real runner is exercised by test_loop.py and test_verifier.py.
@@ -57,7 +57,7 @@ class Landscape:
         return RunResult(
             outcome="ok", val_bpb=bpb, steps=10, tokens=640, train_seconds=1.0,
             total_seconds=2.0, peak_memory_mb=None, mfu=None, train_py_sha256=sha(source),
-            harness_sha256=harness_sha256(), profile=profile.name, seed=seed, data_sha256="d",
+            harness_sha256=harness_sha256(PROFILE), profile=profile.name, seed=seed, data_sha256="d",
         )  # fmt: skip
 
 
@@ -97,18 +97,35 @@ def researcher(book, me, tmp_path, proposer, landscape, **kwargs) -> Researcher:
     return worker
 
 
-def test_the_noise_margin_comes_first_and_a_restart_does_not_measure_it_again(
-    book, alice, tmp_path
-):
+def test_a_node_researches_at_once_and_its_paired_runs_measure_its_noise(book, alice, tmp_path):
+    """No noise runs: the start scores the head once, on the first of this node's seeds for it,
+    and the noise is the profile's prior until pairs on two seeds measure it; a restart
+    measures nothing again."""
     landscape = Landscape()
-    first = researcher(book, alice, tmp_path, Scripted(), landscape, noise_runs=3)
+    first = researcher(book, alice, tmp_path, Scripted(), landscape)
     first.start()
-    assert landscape.runs == [BASELINE] * 3
-    assert first.margin == pytest.approx(0.001)  # 2 x stdev(1.5, 1.5004, 1.5008) under the floor
-    assert first.head.sha256 == sha(BASELINE) and first.head.val_bpb == pytest.approx(1.5004)
-    again = researcher(book, alice, tmp_path, Scripted(), landscape, noise_runs=3)
+    assert landscape.runs == [BASELINE]
+    assert (first.sigma, first.sigma_df) == (PROFILE.paired_noise, 0)
+    assert first.margin == pytest.approx(2 * PROFILE.paired_noise)
+    seeds = first.seeds(sha(BASELINE))
+    assert book.rows("SELECT seed, description FROM runs") == [
+        {"seed": seeds[0], "description": "score"}
+    ]
+    again = researcher(book, alice, tmp_path, Scripted(), landscape)
     again.start()
-    assert len(landscape.runs) == 3 and again.margin == first.margin
+    assert len(landscape.runs) == 1 and again.margin == first.margin
+    # Two experiments while it calibrates: each child and the head on both seeds. The
+    # landscape's seed noise is the same for child and head, so the pairs' spread is nil.
+    changes = Scripted(SOFTCAP, SOFTCAP + "# a comment\n")
+    worker = researcher(book, alice, tmp_path, changes, landscape, verify_every=0)
+    for _ in range(2):
+        assert worker.step().outcome == "discard"
+    commented = SOFTCAP + "# a comment\n"
+    assert landscape.runs == [BASELINE, SOFTCAP, BASELINE, SOFTCAP, commented, commented]
+    assert worker.sigma_df == 1  # updated before each step: the second step's pair counts next
+    worker._update_noise()
+    assert worker.sigma_df == 2 and worker.sigma < PROFILE.paired_noise
+    assert worker.sigma == pytest.approx(PROFILE.paired_noise * (2 / 4) ** 0.5)
 
 
 def test_a_win_moves_the_head_a_loss_does_not_and_every_run_is_published(book, alice, tmp_path):
@@ -168,9 +185,12 @@ def test_every_nth_step_verifies_an_open_claim_of_a_peer(book, alice, bob, tmp_p
     worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=2)
     assert worker.step().outcome == "discard"  # step 1: research (softcap 30 is worse)
     assert worker.status()["pending_verifications"] == 1  # bob's claim waits, `swarm status` shows it
+    before = len(landscape.runs)
     checked = worker.step()  # step 2: bob's claim is open
     assert isinstance(checked, Verified) and checked.verdict == "confirm"
-    assert checked.parent_run is None  # alice's own baseline runs give the parent's score
+    # Alice's own run of the baseline on the same seed gives the parent's score: only the child ran.
+    assert landscape.runs[before:] == [NARROW]
+    assert checked.fact.body["seed"] == worker.seeds(sha(BASELINE))[0]
     assert worker.published[-1].kind == "verification"
 
 
@@ -350,10 +370,11 @@ def test_a_node_whose_own_chain_starts_from_the_new_head_keeps_building_on_its_c
         claim = bobs.rows("SELECT * FROM results WHERE id = ?", (narrow.id,))[0]
         for seed in range(100, 99 + consensus.HOLD_LOOKS):
             again = verify_claim(bobs, bob, claim, verifier.margin, PROFILE, None, tmp_path / "bob",
-                                 seed=seed, parent_val_bpb=verifier.score(BASELINE), run=landscape)  # fmt: skip
+                                 seed=seed, parent_score=lambda s: verifier.score_at(BASELINE, s),
+                                 run=landscape)  # fmt: skip
             assert again.verdict == "confirm"
         gossip(bobs, book)
-    assert best_head(book, "test", sha(BASELINE), 1, harness_sha256()) == sha(NARROW)
+    assert best_head(book, "test", sha(BASELINE), 1, harness_sha256(PROFILE)) == sha(NARROW)
     worker.proposer = type(worker.proposer)(Scripted(SOFTCAP))
     worker.step()
     assert worker.adopted == sha(NARROW)
@@ -373,7 +394,7 @@ def test_without_a_sandbox_a_node_runs_only_its_own_code_and_that_of_peers_it_tr
             assert carol_worker.step().verdict == "confirm"
         gossip(bobs, book)
         gossip(carols, book)
-    assert best_head(book, "test", sha(BASELINE), 1, harness_sha256()) == sha(NARROW)
+    assert best_head(book, "test", sha(BASELINE), 1, harness_sha256(PROFILE)) == sha(NARROW)
     runs_before = len(landscape.runs)
     wary = researcher(book, alice, tmp_path / "wary", Scripted(FOUR_STEPS), landscape, verify_every=1,
                       trusted=lambda peer: False)  # fmt: skip
@@ -408,9 +429,11 @@ def test_only_code_the_node_or_peers_it_trusts_wrote_adds_to_its_compiled_kernel
     bobs_runs = Recording()
     two_verified_wins(book, bob, carol, tmp_path, Landscape(), bobs_runs,
                       compile_cache=CompileCache(tmp_path / "bob" / "compiled"))  # fmt: skip
-    # bob's baseline runs and his own win write; his runs of carol's win (one a look) do not.
-    assert bobs_runs.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, True),
-                               *[(FOUR_STEPS, False)] * consensus.HOLD_LOOKS]  # fmt: skip
+    # bob's runs of the baseline and of his own win (each on his two seeds) write; his runs of
+    # carol's win (one a look, each on a seed of his) do not.
+    assert bobs_runs.keeps == [(BASELINE, True), (NARROW, True), (BASELINE, True), (NARROW, True),
+                               *[(FOUR_STEPS, False)] * consensus.HOLD_LOOKS,
+                               (BASELINE, True)]  # fmt: skip
 
     trusting = Recording()
     worker = researcher(book, alice, tmp_path / "alice", Scripted(), trusting, verify_every=0,
@@ -418,7 +441,7 @@ def test_only_code_the_node_or_peers_it_trusts_wrote_adds_to_its_compiled_kernel
     merged = worker.step()
     assert worker.adopted == sha(NARROW) and merged.description.startswith("merge of")
     # bob's head is trusted by key; the merge carries carol's change, so it does not write.
-    assert trusting.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, True), (BOTH, False)]
+    assert trusting.keeps == [(NARROW, True), (BOTH, False)] * 2  # on two seeds, paired
 
     wary = Recording()
     with ledger_of(tmp_path, "dave") as daves:
@@ -429,7 +452,7 @@ def test_only_code_the_node_or_peers_it_trusts_wrote_adds_to_its_compiled_kernel
                             compile_cache=CompileCache(tmp_path / "dave" / "compiled"))  # fmt: skip
         worker.step()
     # A peer's head, and dave's own change of it, are not all dave's code: neither writes.
-    assert wary.keeps == [(BASELINE, True), (BASELINE, True), (NARROW, False), (softer, False)]
+    assert wary.keeps == [(NARROW, False), (softer, False)] * 2
 
 
 class Edits:
@@ -475,10 +498,10 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
                            verify_every=0, crew=crew)  # fmt: skip
         second_edits = Edits(NARROWER, FEWER_STEPS)
         second = researcher(two, alice, tmp_path / "gpu1", second_edits, landscape,
-                            verify_every=0, crew=crew, seed=1)  # fmt: skip
+                            verify_every=0, crew=crew)  # fmt: skip
         first.start()
         second.start()
-        assert landscape.runs == [BASELINE] * 2  # the node measures its noise once, not per worker
+        assert landscape.runs == [BASELINE]  # the node scores its head once, not once per worker
 
         # While the first worker runs NARROW, the second proposes it too: refused, it tries its next.
         assert first.step().outcome == "keep"
@@ -488,7 +511,7 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
         assert [(a.outcome, a.description) for a in second_edits.seen[0].history] == [
             ("running", "MLP_RATIO 4 -> 3")
         ]
-        assert landscape.runs.count(NARROW) == 1 and meanwhile[1].head.source == FOUR_STEPS
+        assert landscape.runs.count(NARROW) == 2 and meanwhile[1].head.source == FOUR_STEPS  # two seeds
 
         # The first worker's keep is better: the second moves onto it and merges its own win in.
         merged = second.step()
@@ -498,7 +521,13 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
         # The first worker's next change builds on the merge, which already holds its own win.
         assert first.step().outcome == "discard"
         assert first.published[-1].body["parent"] == sha(BOTH)
-        assert landscape.runs == [BASELINE] * 2 + [FOUR_STEPS, NARROW, BOTH, BOTH.replace(*SOFTER[1:])]
+        # Every experiment paired on two seeds (the node calibrates its noise), each new head
+        # scored on its first: the second worker's FOUR_STEPS ran while the first ran NARROW.
+        softer = BOTH.replace(*SOFTER[1:])
+        assert landscape.runs == [
+            BASELINE, FOUR_STEPS, BASELINE, FOUR_STEPS, NARROW, NARROW,
+            NARROW, BOTH, NARROW, BOTH, BOTH, softer, BOTH, softer,
+        ]  # fmt: skip
 
 
 def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, tmp_path):
@@ -511,7 +540,7 @@ def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, 
     first = researcher(book, alice, tmp_path / "gpu0", Scripted(), landscape, verify_every=1,
                        crew=crew)  # fmt: skip
     second = researcher(book, alice, tmp_path / "gpu1", Edits(SOFTER), landscape, verify_every=1,
-                        crew=crew, seed=1)  # fmt: skip
+                        crew=crew)  # fmt: skip
     first.start()
     second.start()
     checked = first.step()  # verifies bob's claim; meanwhile the second worker researches instead
@@ -519,3 +548,14 @@ def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, 
     assert [type(s) for s in meanwhile] == [Step] and meanwhile[0].outcome == "discard"
     assert landscape.runs.count(NARROW) == 1
     assert [f.kind for f in first.published + second.published] == ["verification", "result"]
+
+
+def test_the_nodes_speed_comes_from_its_own_runs_never_from_a_strangers_claim(book, alice, tmp_path):
+    """A claimed train.py that does no training runs at a huge counted speed: were it counted,
+    the node's next honest runs would look like too much work and be voided."""
+    worker = researcher(book, alice, tmp_path, Scripted(), Landscape())
+    harness = harness_sha256(PROFILE)
+    for description, speed in (("score", 2.0e10), ("pair", 2.2e10), ("verify abc: child-s1", 6e12)):
+        book.record_run(profile="test", parent="p", child="c", outcome="ok", val_bpb=3.0,
+                        description=description, harness=harness, speed=speed)  # fmt: skip
+    assert worker.speed() == pytest.approx(2.1e10)

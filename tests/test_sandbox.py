@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -174,7 +173,7 @@ def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(
     reason="bubblewrap is not installed (scripts/setup installs it as root)",
 )
 def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, small_data):
-    profile = dataclasses.replace(get_profile("test"), budget_seconds=2)
+    profile = get_profile("test")
     inside = run_experiment(
         BASELINE_TRAIN_PY, profile, small_data, tmp_path / "in", seed=3, sandbox=True
     )
@@ -195,7 +194,7 @@ def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, sma
     )  # it passes the policy
     script = tmp_path / "train.py"
     script.write_text(peeking)
-    profile = dataclasses.replace(get_profile("test"), budget_seconds=2)
+    profile = get_profile("test")
     result = run_experiment(script, profile, small_data, tmp_path / "run")
     assert result.outcome == "void" and result.val_bpb is None
     assert result.error.startswith("refused by the harness: the model looks ahead")

@@ -16,7 +16,7 @@ from conftest import Process, run_swarm, wait_until
 from node import consensus
 from node.agent.adoption import best_head, swarm_rows
 from node.ledger import Ledger, LedgerError
-from node.trainer import harness_sha256
+from node.trainer import get_profile, harness_sha256
 from node.trainer.sandbox import sandbox_available
 
 WEAK = Path(__file__).parent / "campaigns" / "weak_train.py"
@@ -30,7 +30,7 @@ def consensus_head(home: Path, baseline: str) -> str | None:
         return None
     try:
         with Ledger(db, readonly=True) as ledger:
-            return best_head(ledger, "test", baseline, QUORUM, harness_sha256())
+            return best_head(ledger, "test", baseline, QUORUM, harness_sha256(get_profile("test")))
     except (sqlite3.OperationalError, LedgerError):  # the node is still creating its ledger
         return None
 

@@ -182,7 +182,7 @@ def test_a_verifier_can_sign_a_void_verdict(alice):
     fact = wire.sign(alice, "verification", CAMPAIGN, 2, body, T0)
     assert wire.decode(fact.raw, CAMPAIGN, now_ms=T0) == fact and fact.body["delta"] is None
     assert wire.OUTCOMES == ("keep", "discard", "crash", "void")
-    assert wire.VERDICTS == ("confirm", "refute", "inconclusive", "crash", "void")
+    assert wire.VERDICTS == ("confirm", "refute", "inconclusive", "crash", "void", "misreported")
 
 
 def test_signing_twice_gives_the_same_bytes_and_id(alice):
@@ -301,3 +301,22 @@ def test_ten_thousand_mutated_and_random_envelopes_are_all_rejected_with_a_reaso
         assert isinstance(out.reason, Reason) and not out.detail.startswith("decoder bug")
         reasons.add(out.reason)
     assert {Reason.malformed, Reason.bad_signature, Reason.oversized, Reason.future_time} <= reasons
+
+
+def test_a_result_carries_its_paired_runs_one_score_of_each_side_per_seed(alice):
+    metrics = {"val_bpb": 1.49, "steps": 1, "tokens": 1}
+    body = wire.result_body(
+        parent="00" * 32, child="11" * 32, diff=b"d", description="paired", profile="cpu",
+        harness=HARNESS, seed=4, outcome="keep", metrics=metrics,
+        pairs=[(4, 1.48, 1.50), (9, 1.50, 1.51)], device="cpu AVX512", budget=786432,
+    )  # fmt: skip
+    fact = wire.sign(alice, "result", CAMPAIGN, 1, body, T0)
+    decoded = wire.decode(fact.raw, CAMPAIGN, now_ms=T0)
+    assert decoded == fact
+    assert (decoded.body["seeds"], decoded.body["child_scores"]) == ([4, 9], [1.48, 1.50])
+    assert decoded.body["parent_scores"] == [1.50, 1.51] and decoded.body["budget"] == 786432
+    lopsided = {**body, "parent_scores": [1.50]}
+    with pytest.raises(wire.WireError, match="one child score and one parent score for each seed"):
+        wire.sign(alice, "result", CAMPAIGN, 2, lopsided, T0)
+    with pytest.raises(wire.WireError, match="body.seeds: expected a list of 0 to 8 items"):
+        wire.sign(alice, "result", CAMPAIGN, 3, {**body, "seeds": [1] * 9}, T0)

@@ -1,6 +1,7 @@
-"""One research step: from the node's head, a proposal, its checks, one run, the decision, and
-a signed `result` in the ledger for every experiment that ran (discards, crashes and void runs
-too: a run the harness refused to score, because it broke the measurement's rules, is never kept).
+"""One research step: from the node's head, a proposal, its checks, its paired runs (child and
+head on the same seeds), the decision, and a signed `result` in the ledger for every experiment
+that ran (discards, crashes and void runs too: a run the harness refused to score, because it
+broke the measurement's rules, is never kept).
 
 It never runs a change that failed its checks, and never touches the network: the caller
 gossips the fact it returns.
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,19 +61,39 @@ class Step:
     head: Head  # the node's head after the step: the child on a keep, else unchanged
     description: str = ""
     reason: str = ""  # why it was refused, or the run's error
-    run: RunResult | None = None
+    run: RunResult | None = None  # the child's run on the first seed
     fact: wire.Fact | None = None
+    pairs: tuple[tuple[int, float, float], ...] = ()  # (seed, child, head) of each paired run
+
+
+def record_run(
+    ledger: Ledger, result: RunResult, *, parent: str, child: str, outcome: str,
+    description: str, started: int, fact_id: str | None = None,
+) -> None:  # fmt: skip
+    """One of this node's runs in its ledger, with what pairing and its speed read of it."""
+    ledger.record_run(
+        started=started, finished=int(time.time() * 1000), profile=result.profile,
+        parent=parent, child=child, outcome=outcome,
+        val_bpb=result.val_bpb if result.outcome == "ok" else None, description=description,
+        log_path=str(Path(result.run_dir) / "log.txt"), fact_id=fact_id, seed=result.seed,
+        harness=result.harness_sha256, speed=result.speed, device=result.device_name,
+    )  # fmt: skip
 
 
 def research_step(
-    ledger: Ledger, me: Identity, proposer: Proposer, head: Head, margin: float, profile: Profile,
-    data: TokenData, work_dir: Path, *, program: str = "", seed: int = 0,
+    ledger: Ledger, me: Identity, proposer: Proposer, head: Head, sigma: float, profile: Profile,
+    data: TokenData, work_dir: Path, *, seeds: Sequence[int],
+    parent_score: Callable[[int], float | None], calibrating: bool = False, program: str = "",
     check: Check | None = policy_check, on_event: Callable[[dict], None] = lambda _: None,
     run: Callable[..., RunResult] = run_experiment, crew: Crew | None = None,
 ) -> Step:  # fmt: skip
-    """Propose a change of `head`, check it, run it, keep it only when it beats the head's own
-    score by more than `margin`, and publish a signed result of the run. With a `crew`, a change
-    that another worker of the node has in hand is refused."""
+    """Propose a change of `head`, check it, and run it paired with the head: on `seeds[0]`, and
+    on `seeds[1]` too when the first pair looks like a win (or while `calibrating`, when the
+    node still learns its noise: two seeds of one pair measure it). `parent_score(seed)` is this
+    node's score of the head on a seed, measured when it has none. Keep the child only when its
+    mean paired gain beats the margin for that many runs (`consensus.margin_for` of `sigma`, the
+    standard deviation of one paired difference), and publish a signed result of the pairs. With
+    a `crew`, a change that another worker of the node has in hand is refused."""
     context = context_from_ledger(
         ledger, head.source, profile.name, program, me=me.peer_id, parent_val_bpb=head.val_bpb
     )
@@ -98,29 +120,59 @@ def research_step(
         return Step("refused", head, reason=str(exc))
     try:
         child = ledger.add_version(proposal.source.encode())
-        started = int(time.time() * 1000)
-        run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}-s{seed}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        script = run_dir.with_suffix(".py")
-        script.write_text(proposal.source)
-        result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
-        score = result.val_bpb if result.outcome == "ok" else None
-        if result.outcome == "void":  # the harness refused to score it: nothing to weigh
-            outcome = "void"
+        parents = {seeds[0]: parent_score(seeds[0])}
+        if parents[seeds[0]] is None:
+            return Step("refused", head, reason=f"the head does not score on seed {seeds[0]} here")
+        pairs: list[tuple[int, float, float]] = []
+        runs: list[tuple[RunResult, int]] = []
+        for seed in seeds[:2]:
+            if pairs and not (calibrating or _gain(pairs) > consensus.margin_for(sigma, 1)):
+                break
+            if seed not in parents:
+                parents[seed] = parent_score(seed)
+                if parents[seed] is None:
+                    break
+            started = int(time.time() * 1000)
+            run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}-s{seed}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            script = run_dir.with_suffix(".py")
+            script.write_text(proposal.source)
+            result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
+            runs.append((result, started))
+            if result.outcome != "ok" or result.val_bpb is None:
+                break
+            pairs.append((seed, result.val_bpb, parents[seed]))
+        first = runs[0][0]
+        last = runs[-1][0]
+        if last.outcome == "void":  # the harness refused to score it: nothing to weigh
+            outcome, pairs = "void", []
+        elif last.outcome != "ok" or last.val_bpb is None:
+            outcome, pairs = "crash", []
         else:
-            outcome = consensus.keep_or_discard(score, head.val_bpb, margin)
+            outcome = (
+                "keep" if _gain(pairs) > consensus.margin_for(sigma, len(pairs)) else "discard"
+            )
+        reported = last if outcome in ("void", "crash") else first  # the run that says why
         body = wire.result_body_from_run(
-            result.as_dict(), parent=head.sha256, diff=diff.encode(),
-            description=proposal.description, keep=outcome == "keep",
+            reported.as_dict(), parent=head.sha256, diff=diff.encode(),
+            description=proposal.description, keep=outcome == "keep", pairs=pairs,
         )  # fmt: skip
         fact = ledger.publish(me, "result", body)
-        ledger.record_run(
-            started=started, finished=int(time.time() * 1000), profile=profile.name,
-            parent=head.sha256, child=child, outcome=outcome, val_bpb=score,
-            description=proposal.description, log_path=str(run_dir / "log.txt"), fact_id=fact.id,
-        )  # fmt: skip
+        for result, started in runs:
+            record_run(
+                ledger, result, parent=head.sha256, child=child, outcome=outcome,
+                description=proposal.description, started=started, fact_id=fact.id,
+            )  # fmt: skip
     finally:
         if crew is not None:
             crew.drop(*key)
+    score = statistics.fmean(c for _, c, _ in pairs) if pairs else None
     new_head = Head(proposal.source, score) if outcome == "keep" and score is not None else head
-    return Step(outcome, new_head, proposal.description, result.error or "", result, fact)
+    return Step(
+        outcome, new_head, proposal.description, reported.error or "", first, fact, tuple(pairs)
+    )
+
+
+def _gain(pairs: Sequence[tuple[int, float, float]]) -> float:
+    """The mean paired gain: head minus child, over the seeds both ran on."""
+    return statistics.fmean(parent - child for _, child, parent in pairs)

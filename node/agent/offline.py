@@ -26,7 +26,7 @@ MAX_PAIRS = 400  # pairs of hyperparameter steps, tried once every single step w
 KNOWN_EDITS = (
     ("Warmdown over the last 60% of the budget, not 40%", "WARMDOWN = 0.4 ", "WARMDOWN = 0.6 "),
     ("Muon momentum 0.9 instead of 0.95", "MUON_MOMENTUM = 0.95 ", "MUON_MOMENTUM = 0.9 "),
-    ("MLP ratio 3: a narrower MLP, more steps in the budget", "MLP_RATIO = 4 ", "MLP_RATIO = 3 "),
+    ("MLP ratio 3: a narrower MLP, a quarter fewer FLOPs per token", "MLP_RATIO = 4 ", "MLP_RATIO = 3 "),
     ("Logit softcap 30 instead of 15", "LOGIT_SOFTCAP = 15.0 ", "LOGIT_SOFTCAP = 30.0 "),
     ("Cosine warmdown instead of a linear one", "max(0.0, (1 - progress) / WARMDOWN)",
      "0.5 * (1 - math.cos(math.pi * max(0.0, (1 - progress) / WARMDOWN)))"),

@@ -1,5 +1,7 @@
-"""The research loop of one node: measure its own noise, then step after step adopt the swarm's
-best verified head, verify a share of other peers' claims, and otherwise research from the head.
+"""The research loop of one node: step after step adopt the swarm's best verified head, verify a
+share of other peers' claims, and otherwise research from the head, every comparison paired
+(child and parent on the same seeds, on this machine). Its noise is the spread of its own paired
+differences, learnt from its first experiments and kept up to date by every paired run.
 
 Its state lives in the ledger (runs, facts, versions), so a restarted node resumes where it
 stopped. It never talks to the network: `publish` hands each signed fact to the caller.
@@ -7,36 +9,42 @@ stopped. It never talks to the network: `publish` hands each signed fact to the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import statistics
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from node import wire
+from node import consensus, wire
 from node.agent import adoption
 from node.agent.crew import Crew
 from node.agent.errors import AgentError, PatchError
-from node.agent.loop import Check, Head, Step, policy_check, research_step
+from node.agent.loop import Check, Head, Step, policy_check, record_run, research_step
 from node.agent.patch import check_source, merge
 from node.agent.proposers import Proposal, Proposer
-from node.agent.verifier import Verified, ledger_claims_to_verify, verify_claim
-from node.consensus import noise_margin
+from node.agent.verifier import VERIFY_RUN, Verified, ledger_claims_to_verify, verify_claim
 from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import Profile, RunResult, TokenData, harness_sha256, run_experiment
 from node.trainer.compile_cache import CompileCache
 
+SPEED_RUNS = 20  # this node's latest runs behind its measured speed
+# Until its noise estimate has this many degrees of freedom, a node runs every experiment on
+# two seeds: each such pair is one more degree of freedom (afterwards only apparent wins are).
+CALIBRATION_DF = 4
+
 
 class Researcher:
     """One research worker on one profile. `verify_every`: every n-th step verifies a peer's
-    claim when one is open (0: never). `noise_runs`: baseline runs behind the noise margin.
-    `crew`: what the node's other workers (one per GPU) share with this one."""
+    claim when one is open (0: never). `crew`: what the node's other workers (one per GPU)
+    share with this one."""
 
     def __init__(
         self, ledger: Ledger, me: Identity, proposer: Proposer, profile: Profile,
         data: TokenData, work_dir: Path, baseline_source: str, *, quorum: int = 1,
-        program: str = "", verify_every: int = 4, noise_runs: int = 2, seed: int = 0,
+        program: str = "", verify_every: int = 4,
         check: Check | None = policy_check, publish: Callable[[wire.Fact], None] = lambda _: None,
         run: Callable[..., RunResult] = run_experiment, status_path: Path | None = None,
         trusted: Callable[[str], bool] | None = None, trust: Collection[str] = (),
@@ -44,11 +52,13 @@ class Researcher:
     ) -> None:  # fmt: skip
         self.ledger, self.me, self.profile, self.data = ledger, me, profile, data
         self.work_dir, self.quorum, self.program = Path(work_dir), quorum, program
-        self.verify_every, self.noise_runs, self.seed = verify_every, noise_runs, seed
+        self.verify_every = verify_every
         self.check, self.publish, self.run, self.status_path = check, publish, run, status_path
         # Whose code this node may run: everyone (None) in a sandbox; without one, only its own
         # and that of the peers its user trusts by key.
-        self.trusted = None if trusted is None else (lambda peer: peer == me.peer_id or trusted(peer))
+        self.trusted = (
+            None if trusted is None else (lambda peer: peer == me.peer_id or trusted(peer))
+        )
         # Whose code may add to the node's compiled kernels: its own and that of peers trusted by key.
         self.writers = frozenset(trust) | {me.peer_id}
         self.compile_cache = compile_cache
@@ -57,8 +67,10 @@ class Researcher:
         self.proposer = adoption.QueuedProposer(proposer)
         self.baseline_source = baseline_source
         self.baseline = ledger.add_version(baseline_source.encode())
-        self.harness = harness_sha256()
-        self.margin: float | None = None
+        self.harness = harness_sha256(profile)
+        self.margin: float | None = None  # the smallest single-pair gain this node believes
+        self.sigma: float | None = None  # the standard deviation of one paired difference
+        self.sigma_df = 0  # degrees of freedom behind it (0: the profile's prior alone)
         self.head: Head | None = None
         self.adopted: str | None = None  # the last consensus head this node adopted
         self.steps = 0
@@ -71,53 +83,88 @@ class Researcher:
     def own_scores(self, version: str) -> list[float]:
         """This node's scores of a train.py on the profile, from its recorded runs."""
         rows = self.ledger.rows(
-            "SELECT val_bpb FROM runs WHERE child = ? AND profile = ? AND val_bpb IS NOT NULL",
-            (version, self.profile.name),
+            "SELECT val_bpb FROM runs WHERE child = ? AND profile = ? AND val_bpb IS NOT NULL "
+            "AND (harness = ? OR harness IS NULL)",
+            (version, self.profile.name, self.harness),
         )
         return [r["val_bpb"] for r in rows]
 
-    def _next_seed(self) -> int:
-        done = self.ledger.rows("SELECT COUNT(*) AS n FROM runs")[0]["n"]
-        return self.seed * 1_000_003 + done
+    def seeds(self, parent: str, count: int = 2) -> list[int]:
+        """This node's paired seeds for experiments on `parent`: fixed per node and parent (its
+        workers share them), so that the parent runs once per seed for all its children, and
+        another node's differ."""
+        return [
+            int.from_bytes(
+                hashlib.sha256(f"{self.me.peer_id} {parent} {k}".encode()).digest()[:4]
+            ) >> 1
+            for k in range(count)
+        ]  # fmt: skip
 
-    def _measure(self, source: str, why: str) -> float | None:
-        """Run `source` once with a fresh seed and record the run; its val_bpb, None when it
-        crashed or its harness voided it."""
-        seed = self._next_seed()
+    def score_at(self, source: str, seed: int, why: str = "pair") -> float | None:
+        """This node's score of `source` on `seed`: from its runs when it has one (a run is a
+        function of its seed, within the profile's replay tolerance), else measured now. None
+        when it crashed or its harness voided it."""
         version = self.ledger.add_version(source.encode())
+        rows = self.ledger.rows(
+            "SELECT val_bpb, outcome FROM runs WHERE child = ? AND parent = child AND seed = ? "
+            "AND profile = ? AND harness = ? ORDER BY id DESC LIMIT 1",
+            (version, seed, self.profile.name, self.harness),
+        )
+        if rows:
+            return rows[0]["val_bpb"]
         self._set(f"{why}: running {version[:12]} (seed {seed})")
         run_dir = self.work_dir / f"{why}-{version[:12]}-s{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
         script = run_dir.with_suffix(".py")
         script.write_text(source)
-        result = self._run(script, self.profile, self.data, run_dir, seed=seed, on_event=self._event)
-        self.ledger.record_run(
-            profile=self.profile.name, parent=version, child=version, outcome=result.outcome,
-            val_bpb=result.val_bpb, description=why, log_path=str(run_dir / "log.txt"),
+        started = int(time.time() * 1000)
+        result = self._run(
+            script, self.profile, self.data, run_dir, seed=seed, on_event=self._event
+        )
+        record_run(
+            self.ledger, result, parent=version, child=version, outcome=result.outcome,
+            description=why, started=started,
         )  # fmt: skip
         return result.val_bpb if result.outcome == "ok" else None
 
     def score(self, source: str) -> float:
-        """This node's own score of `source`: the mean of its runs, measured now if it has none."""
+        """This node's own score of `source`: the mean of its runs, measured now (on the first
+        of its seeds for it, which its first child pairs with) if it has none."""
         version = self.ledger.add_version(source.encode())
-        scores = self.own_scores(version) or [self._measure(source, "score")]
+        scores = self.own_scores(version) or [
+            self.score_at(source, self.seeds(version)[0], "score")
+        ]
         if scores[0] is None:
             raise AgentError(
                 f"train.py {version[:12]} crashed or was voided on this node: it cannot build on it"
             )
         return statistics.fmean(scores)
 
+    def _update_noise(self) -> None:
+        self.sigma, self.sigma_df = consensus.paired_noise(
+            self.ledger.paired_differences(self.profile.name, self.harness),
+            self.profile.paired_noise,
+        )
+        self.margin = consensus.margin_for(self.sigma)
+
+    def speed(self) -> float | None:
+        """This node's training speed on the profile (counted FLOPs per second of training
+        compute): the median of its last runs', None before its first. Runs of claims it
+        verified do not count: a stranger's train.py that does no work would raise it, and then
+        honest runs would look like too much work."""
+        rows = self.ledger.rows(
+            "SELECT speed FROM runs WHERE profile = ? AND harness = ? AND speed IS NOT NULL "
+            "AND description NOT LIKE ? ORDER BY id DESC LIMIT ?",
+            (self.profile.name, self.harness, VERIFY_RUN + "%", SPEED_RUNS),
+        )
+        return statistics.median(r["speed"] for r in rows) if rows else None
+
     # ------------------------------------------------------------ the loop
 
     def start(self) -> None:
-        """Measure the noise margin (resumed from earlier runs) and take the head to build on."""
-        while len(self.own_scores(self.baseline)) < self.noise_runs:
-            if self._measure(self.baseline_source, "noise") is None:
-                raise AgentError(
-                    "the baseline train.py crashed or was voided on this node: check `swarm run` "
-                    "on this profile before joining"
-                )
-        self.margin = noise_margin(self.own_scores(self.baseline))
+        """Take the head to build on (resuming this node's own kept chain) and its noise so far.
+        No noise runs first: the first experiments' paired runs measure it."""
+        self._update_noise()
         self._adopt()
         assert self.head is not None  # _adopt always leaves a head
         # Resume the node's own kept chain on top of the adopted head, if it has one.
@@ -221,6 +268,7 @@ class Researcher:
         if self.margin is None:
             self.start()
         assert self.head is not None and self.margin is not None
+        self._update_noise()
         self._adopt()
         self._follow_crew()
         self.steps += 1
@@ -231,10 +279,13 @@ class Researcher:
                 return verified
         self._set(f"research from {self.head.sha256[:12]}")
         self._researching = True
+        head = self.head
         try:
             step = research_step(
-                self.ledger, self.me, self.proposer, self.head, self.margin, self.profile,
-                self.data, self.work_dir, program=self.program, seed=self._next_seed(),
+                self.ledger, self.me, self.proposer, head, self.sigma, self.profile,
+                self.data, self.work_dir, seeds=self.seeds(head.sha256),
+                parent_score=lambda seed: self.score_at(head.source, seed),
+                calibrating=self.sigma_df < CALIBRATION_DF, program=self.program,
                 check=self.check, on_event=self._event, run=self._run, crew=self.crew,
             )  # fmt: skip
         finally:
@@ -272,13 +323,18 @@ class Researcher:
         for claim in [c for c in self._open_claims(limit=3 + len(busy)) if c["id"] not in busy][:3]:
             if not self.crew.take("verify", claim["id"]):
                 continue
-            parent_scores = self.own_scores(claim["parent"])
             self._set(f"verify {claim['id'][:12]} by {claim['author'][-6:]}")
+            parent = self.ledger.version(claim["parent"])
+            looks = self.ledger.rows(
+                "SELECT COUNT(*) AS n FROM verifications WHERE result = ? AND author = ?",
+                (claim["id"], self.me.peer_id),
+            )[0]["n"]
             try:
                 verified = verify_claim(
                     self.ledger, self.me, claim, self.margin, self.profile, self.data,
-                    self.work_dir, seed=self._next_seed(),
-                    parent_val_bpb=statistics.fmean(parent_scores) if parent_scores else None,
+                    self.work_dir, seed=self.seeds(claim["parent"], looks + 1)[looks],
+                    parent_score=None if parent is None
+                    else functools.partial(self.score_at, parent.decode(), why="verify"),
                     check=self.check, run=self._run,
                 )  # fmt: skip
             except AgentError as exc:
@@ -294,22 +350,25 @@ class Researcher:
     # ------------------------------------------------------------ runs
 
     def _run(self, script: Path, *args, **kwargs) -> RunResult:
-        """Every run of this worker: lent the node's compiled kernels, and adding to them only
-        when this node trusts every line of the code."""
+        """Every run of this worker: bounded by the node's measured speed, lent the node's
+        compiled kernels, and adding to them only when this node trusts every line of the code."""
         if self.compile_cache is not None:
             kwargs.update(compile_cache=self.compile_cache, keep_compiled=self._trusts(script))
+        speed = self.speed()
+        if speed is not None:
+            kwargs.update(speed=speed)
         return self.run(script, *args, **kwargs)
 
     def _trusts(self, script: Path) -> bool:
         """Whether the train.py about to run was written by this node and peers trusted by key
         alone: the research step's own proposal on such a head, or such a version."""
         writers = self.writers.__contains__
-        if self._researching:  # the child has no result yet: judge its head, and the proposal
-            assert self.head is not None
+        version = hashlib.sha256(script.read_bytes()).hexdigest()
+        if self._researching and self.head is not None and version != self.head.sha256:
+            # the child has no result yet: judge its head, and the proposal
             return not self.proposer.last_queued and adoption.written_by(
                 self.ledger, self.head.sha256, self.baseline, writers
             )
-        version = hashlib.sha256(script.read_bytes()).hexdigest()
         return adoption.written_by(self.ledger, version, self.baseline, writers)
 
     # ------------------------------------------------------------ status
@@ -321,7 +380,8 @@ class Researcher:
             "doing": self.doing, "progress": self.progress, "profile": self.profile.name,
             "head": self.head.sha256 if self.head else None,
             "head_val_bpb": self.head.val_bpb if self.head else None,
-            "adopted": self.adopted, "margin": self.margin, "steps": self.steps,
+            "adopted": self.adopted, "margin": self.margin, "sigma": self.sigma,
+            "sigma_df": self.sigma_df, "steps": self.steps,
             "pending_verifications": self.pending,
             "model_usage": vars(usage) if usage is not None else None,
         }  # fmt: skip

@@ -1,6 +1,8 @@
-"""Verification: re-run other peers' most promising unverified claims on this machine, with this
-node's own seed, and publish a signed verdict measured against its own run of the parent (void
-when this node's harness refused to score the child: it broke the measurement's rules).
+"""Verification: re-run other peers' most promising unverified claims on this machine, child and
+parent paired on this node's own seed, replay the author's own run (its seed, on the same device
+class), and publish a signed verdict: the gain measured on the fresh seed, void when this node's
+harness refused to score the child (it broke the measurement's rules), misreported when the
+replay does not give the score the author signed.
 
 It never trusts a claimed number, never verifies its own claims (they would not count), and
 never runs a stranger's train.py that fails the node's checks.
@@ -8,6 +10,7 @@ never runs a stranger's train.py that fails the node's checks.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -17,17 +20,18 @@ from typing import Any
 
 from node import consensus, wire
 from node.agent.errors import AgentError
-from node.agent.loop import Check, policy_check
+from node.agent.loop import Check, policy_check, record_run
 from node.identity import Identity
 from node.ledger import Ledger
 from node.standing import ledger_standing, silenced
 from node.trainer import Profile, RunResult, TokenData, run_experiment
-from node.trainer.runner import OVERRUN
+from node.trainer.runner import TIMED_VOIDS
 
 Run = Callable[..., RunResult]
 
 
 MAX_WAITING_PER_AUTHOR = 16  # open claims of one author considered at once; the rest wait
+VERIFY_RUN = "verify "  # how the description of a verification's run begins in the ledger
 
 
 def claims_to_verify(
@@ -70,7 +74,7 @@ def claims_to_verify(
     refuted = consensus.refuted_claims(claims, verifications, quorum)
     # Claims this node confirmed that need more looks, its own verdict still a confirmation.
     votes = consensus.peer_verdicts(measured, verifications)
-    contested = {rid for rid, by in votes.items() if "void" in by.values()}
+    contested = {rid for rid, by in votes.items() if consensus.DISQUALIFYING & set(by.values())}
     again = {
         rid
         for rid in set(consensus.held_claims(measured, verifications, quorum)) | contested
@@ -111,8 +115,9 @@ def ledger_claims_to_verify(
     """`claims_to_verify` over the ledger's results and verifications on `profile`, skipping the
     claims of peers that lost standing in this node's eyes (`node.standing`)."""
     results = ledger.rows(
-        "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description "
-        "FROM results WHERE profile = ? AND outcome = 'keep'",
+        "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description, "
+        "seeds, child_scores, parent_scores, device FROM results "
+        "WHERE profile = ? AND outcome = 'keep'",
         (profile,),
     )
     verifications = ledger.rows(
@@ -135,22 +140,39 @@ class Verified:
     parent_val_bpb: float | None
     fact: wire.Fact
     child_run: RunResult | None  # None when the child broke the policy and never ran
-    parent_run: RunResult | None  # None when not run (an earlier own score, or no child run)
+    replay_run: RunResult | None = None  # the child on the author's seed; None: not replayed
+
+
+def claimed_pairs(claim: Mapping[str, Any]) -> list[tuple[int, float, float]]:
+    """(seed, child, parent) of each paired run the claim's author signed, from its ledger row
+    (JSON lists) or its fact body (lists)."""
+
+    def read(name: str) -> list:
+        value = claim.get(name) or []
+        return json.loads(value) if isinstance(value, str) else list(value)
+
+    return list(zip(read("seeds"), read("child_scores"), read("parent_scores"), strict=True))
 
 
 def verify_claim(
     ledger: Ledger, me: Identity, claim: Mapping[str, Any], margin: float, profile: Profile,
-    data: TokenData, work_dir: Path, *, seed: int = 0, parent_val_bpb: float | None = None,
+    data: TokenData, work_dir: Path, *, seed: int = 0,
+    parent_score: Callable[[int], float | None] | None = None,
     check: Check | None = policy_check, run: Run = run_experiment,
 ) -> Verified:  # fmt: skip
-    """Run the claim's child (and its parent, unless `parent_val_bpb` is this node's own earlier
-    score of it) and publish a `verification` with the verdict of `consensus.verdict`, which
-    also weighs this node's earlier looks at the claim (their signed deltas): inconclusive
-    ones, and confirming ones when the claim is held for more looks. A child that fails `check`
-    (the policy) never runs and is refuted: no honest node could have run it. A child whose run
-    this node's harness voided is void: the author skipped the checks or cheated; a void for
-    training past the budget is run once more first. A parent run
-    that crashes or is voided is this node's problem: no verdict, an AgentError."""
+    """Run the claim's child on `seed`, pair it with the parent on the same seed
+    (`parent_score(seed)`: this node's score of the parent on a seed; where it gives none, the
+    parent runs here), and publish a `verification` with the verdict of
+    `consensus.verdict`, which also weighs this node's earlier looks at the claim (their signed
+    deltas): inconclusive ones, and confirming ones when the claim is held for more looks.
+    Where this node's device class is the author's and its look did not refute the claim, it
+    also replays the author's first seed: a child or parent score that differs from the signed
+    one by more than the profile's replay tolerance is misreported. A child that fails `check` (the policy) never runs and is refuted:
+    no honest node could have run it. A child whose run this node's harness voided is void: the
+    author skipped the checks or cheated; a void on timing (training past the budget, more work
+    than the budget counts) is run once more
+    first. A parent run that crashes or is voided is this node's problem: no verdict, an
+    AgentError."""
     if claim["author"] == me.peer_id:
         raise AgentError("a node cannot verify its own claim: its confirmation would not count")
     sources = {}
@@ -167,63 +189,108 @@ def verify_claim(
             check(sources["child"])
         except AgentError:
             body = wire.verification_body(
-                result=claim["id"], child_val_bpb=None, parent_val_bpb=parent_val_bpb, seed=seed,
+                result=claim["id"], child_val_bpb=None, parent_val_bpb=None, seed=seed,
                 profile=profile.name, harness=claim["harness"], verdict="refute",
             )  # fmt: skip
             fact = ledger.publish(me, "verification", body)
-            return Verified("refute", None, parent_val_bpb, fact, None, None)
+            return Verified("refute", None, None, fact, None)
     base = Path(work_dir) / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{claim['id'][:12]}"
-    child_run = _run(ledger, sources["child"], "child", claim, profile, data, base, seed, run)
-    if child_run.outcome == "void" and OVERRUN in (child_run.error or ""):
-        # A pause of this machine at the budget's end can look like training past it: a void
-        # costs the author its standing at once, so the run must show it twice.
-        child_run = _run(ledger, sources["child"], "child", claim, profile, data, base, seed,
-                         run, again=True)  # fmt: skip
-    parent_run = None
-    if parent_val_bpb is None:
-        parent_run = _run(
-            ledger, sources["parent"], "parent", claim, profile, data, base, seed, run
-        )
-        if parent_run.outcome != "ok" or parent_run.val_bpb is None:
-            what = "was voided by its harness" if parent_run.outcome == "void" else "crashed"
-            raise AgentError(
-                f"this node's own run of the parent {claim['parent'][:12]} {what} "
-                f"({parent_run.error}): no verdict published; see {parent_run.run_dir}"
-            )
-        parent_val_bpb = parent_run.val_bpb
+    runs = _Runs(ledger, sources, claim, profile, data, base, run)
+
+    def score_parent(seed: int) -> float | None:
+        known = parent_score(seed) if parent_score is not None else None
+        return known if known is not None else runs.parent(seed)
+
+    child_run = runs.child(seed, "child")
+    if child_run.outcome == "void" and any(v in (child_run.error or "") for v in TIMED_VOIDS):
+        # A pause of this machine can look like training past the budget or like too much
+        # work: a void costs the author its standing at once, so the run must show it twice.
+        child_run = runs.child(seed, "child-again")
     child_bpb = child_run.val_bpb if child_run.outcome == "ok" else None
+    parent_bpb = replay_bpb = replay_run = None
     if child_run.outcome == "void":
         verdict = "void"
     else:
+        parent_bpb = score_parent(seed)
+        if parent_bpb is None:
+            raise AgentError(
+                f"this node's own run of the parent {claim['parent'][:12]} crashed or was voided "
+                f"by its harness on seed {seed}: no verdict published; see {base}"
+            )
         earlier = ledger.rows(
             "SELECT delta FROM verifications WHERE result = ? AND author = ? AND profile = ? "
             "AND harness = ? AND verdict IN ('inconclusive', 'confirm') AND delta IS NOT NULL",
             (claim["id"], me.peer_id, profile.name, child_run.harness_sha256),
         )
         gains = [-row["delta"] for row in earlier]
-        verdict = consensus.verdict(child_bpb, parent_val_bpb, margin, gains)
+        verdict = consensus.verdict(child_bpb, parent_bpb, margin, gains)
+        pairs = claimed_pairs(claim)
+        # A claim this look refutes counts for nothing already: only one that may still count
+        # is replayed, on the author's device class, where a replay gives the author's numbers.
+        replayable = child_run.device_name and child_run.device_name == claim.get("device")
+        if pairs and replayable and verdict in ("confirm", "inconclusive"):
+            replay_run, replay_bpb, verdict = _replay(
+                pairs[0], runs, score_parent, profile.replay_tolerance, verdict
+            )
     body = wire.verification_body(
-        result=claim["id"], child_val_bpb=child_bpb, parent_val_bpb=parent_val_bpb, seed=seed,
+        result=claim["id"], child_val_bpb=child_bpb, parent_val_bpb=parent_bpb, seed=seed,
         profile=profile.name, harness=child_run.harness_sha256, verdict=verdict,
+        replay_val_bpb=replay_bpb, device=child_run.device_name or "",
     )  # fmt: skip
     fact = ledger.publish(me, "verification", body)
-    return Verified(verdict, child_bpb, parent_val_bpb, fact, child_run, parent_run)
+    return Verified(verdict, child_bpb, parent_bpb, fact, child_run, replay_run)
 
 
-def _run(
-    ledger: Ledger, source: str, role: str, claim: Mapping[str, Any], profile: Profile,
-    data: TokenData, base: Path, seed: int, run: Run, again: bool = False,
-) -> RunResult:  # fmt: skip
-    name = f"{role}-again" if again else role
-    run_dir = base / name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    script = base / f"{name}.py"
-    script.write_text(source)
-    started = int(time.time() * 1000)
-    result = run(script, profile, data, run_dir, seed=seed)
-    ledger.record_run(
-        started=started, finished=int(time.time() * 1000), profile=profile.name,
-        parent=claim["parent"], child=claim[role], outcome=result.outcome, val_bpb=result.val_bpb,
-        description=f"verify {claim['id'][:12]}: {role}", log_path=str(run_dir / "log.txt"),
-    )  # fmt: skip
-    return result
+def _replay(
+    claimed: tuple[int, float, float], runs: _Runs, score_parent: Callable[[int], float | None],
+    tolerance: float, verdict: str,
+) -> tuple[RunResult, float | None, str]:  # fmt: skip
+    """(the replay's run, the child's replayed score, the verdict): misreported when the child's
+    or the parent's score on the author's seed is not the one the author signed."""
+    seed, child, parent = claimed
+    replay = runs.child(seed, "replay")
+    if replay.outcome == "void":  # its harness refused the author's own seed
+        return replay, None, "void"
+    if replay.outcome != "ok" or replay.val_bpb is None:  # a crash here proves nothing
+        return replay, None, verdict
+    if abs(replay.val_bpb - child) > tolerance:
+        return replay, replay.val_bpb, "misreported"
+    parent_here = score_parent(seed)
+    if parent_here is not None and abs(parent_here - parent) > tolerance:
+        return replay, replay.val_bpb, "misreported"
+    return replay, replay.val_bpb, verdict
+
+
+@dataclass
+class _Runs:
+    """This node's runs of one claim's versions, each recorded in its ledger."""
+
+    ledger: Ledger
+    sources: Mapping[str, str]
+    claim: Mapping[str, Any]
+    profile: Profile
+    data: TokenData
+    base: Path
+    run: Run
+
+    def child(self, seed: int, name: str) -> RunResult:
+        return self._run("child", seed, f"{name}-s{seed}")
+
+    def parent(self, seed: int) -> float | None:
+        result = self._run("parent", seed, f"parent-s{seed}")
+        return result.val_bpb if result.outcome == "ok" else None
+
+    def _run(self, role: str, seed: int, name: str) -> RunResult:
+        run_dir = self.base / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        script = self.base / f"{name}.py"
+        script.write_text(self.sources[role])
+        started = int(time.time() * 1000)
+        result = self.run(script, self.profile, self.data, run_dir, seed=seed)
+        version = self.claim[role]
+        record_run(
+            self.ledger, result, parent=self.claim["parent"] if role == "child" else version,
+            child=version, outcome=result.outcome, started=started,
+            description=f"{VERIFY_RUN}{self.claim['id'][:12]}: {name}",
+        )  # fmt: skip
+        return result

@@ -35,7 +35,7 @@ def session() -> Session:
 
 
 class Session:
-    """What `train.py` may use: profile facts, seeded batches, the time left, and `finish`."""
+    """What `train.py` may use: profile facts, seeded batches, the budget spent, and `finish`."""
 
     def __init__(self, config: dict, status: int | None) -> None:
         self.config = config
@@ -44,12 +44,15 @@ class Session:
         self.vocab_size: int = config["data"]["vocab_size"]
         self.seed: int = config["seed"]
         self.device = torch.device(config["profile"]["device"])
-        self._budget: float = config["profile"]["budget_seconds"]
+        self._budget: int = config["profile"]["budget_tokens"]
+        self._envelope: float = config["profile"]["max_flops_per_token"]
+        self._threads: int = config["profile"]["threads"]
         self._status = status
         self._warmup = config["profile"]["warmup_batches"]
         self._train = np.memmap(config["data"]["train_path"], dtype=np.uint16, mode="r")
         self._rng = np.random.default_rng(self.seed)
         self._clock_start: float | None = None
+        self._cpu_start = 0.0  # the process's CPU time when the clock started
         self._last_progress = 0.0
         self._steps = 0
         self._tokens = 0
@@ -58,7 +61,10 @@ class Session:
         self._finished = False
 
     # What train.py reads of the count is a view: the counts are the harness's own.
-    budget_seconds = property(lambda self: self._budget, doc="training budget, in seconds")
+    budget_tokens = property(lambda self: self._budget, doc="training budget: tokens after warm-up")
+    max_flops_per_token = property(
+        lambda self: self._envelope, doc="the model envelope: training FLOPs per token, at most"
+    )
     steps = property(lambda self: self._steps, doc="batches served so far, warm-up included")
     tokens = property(lambda self: self._tokens, doc="tokens served so far, warm-up included")
     warmup_tokens = property(lambda self: self._warmup_tokens, doc="tokens of the warm-up")
@@ -71,6 +77,7 @@ class Session:
             "tokens": self._tokens,
             "warmup_tokens": self._warmup_tokens,
             "train_seconds": self.elapsed(),
+            "work_seconds": self.work_seconds(),
             "last_batch_seconds": self._last_batch,
         }
 
@@ -84,18 +91,33 @@ class Session:
         """Seconds of the budget spent: zero until the first counted batch."""
         return 0.0 if self._clock_start is None else time.perf_counter() - self._clock_start
 
+    def work_seconds(self) -> float:
+        """The training's compute time: on a CPU the process's CPU seconds per thread (a busy
+        machine stretches the wall clock, not these), on a GPU the wall clock."""
+        if self._clock_start is None:
+            return 0.0
+        if self.device.type == "cuda":
+            return self.elapsed()
+        return (time.process_time() - self._cpu_start) / max(self._threads, 1)
+
+    def timed_tokens(self) -> int:
+        """Tokens of the budget served so far (the warm-up's are not the budget's)."""
+        return 0 if self._clock_start is None else self._tokens - self._warmup_tokens
+
     def progress(self) -> float:
-        """Share of the training budget spent, from 0 to 1: drive schedules with it."""
-        return min(self.elapsed() / self._budget, 1.0)
+        """Share of the training budget spent, from 0 to 1, in tokens served: drive schedules
+        with it, and they run the same on any machine under any load."""
+        return min(self.timed_tokens() / self._budget, 1.0)
 
     # -- data --------------------------------------------------------------------------------
     def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Training batches (inputs, targets), each `batch_size` x `seq_len`, until the budget ends.
 
-        The first `warmup_batches` are untimed, so that compilation costs every version the same,
-        and hold uniformly random tokens, not text: training on them learns nothing about the
-        data. The clock starts when the next batch is asked for, the batches stop when it has
-        run the budget out, and it stops only at `finish()`: work after the last batch counts.
+        The first `warmup_batches` are outside the budget, so that compilation costs every
+        version the same, and hold uniformly random tokens, not text: training on them learns
+        nothing about the data. The budget's batches follow until `budget_tokens` were served
+        (the last batch may pass it by less than one batch). The clock starts with the first
+        of them and stops only at `finish()`: work after the last batch is timed, and bounded.
         """
         span = self.seq_len + 1
         starts_per_epoch = (len(self._train) - 1) // span
@@ -109,9 +131,10 @@ class Session:
             if self._steps >= self._warmup and self._clock_start is None:
                 self._sync()
                 self._clock_start = time.perf_counter()
+                self._cpu_start = time.process_time()
                 self._warmup_tokens = self._tokens
                 self._emit("train_start", warmup_tokens=self._tokens)
-            if self._clock_start is not None and self.elapsed() >= self._budget:
+            if self._clock_start is not None and self.timed_tokens() >= self._budget:
                 break
             if self._clock_start is None:
                 chunk = noise.integers(0, self.vocab_size, size=(batch_size, span), dtype=np.int64)
@@ -190,7 +213,7 @@ class Session:
             flops_per_token=flops,
             peak_memory_mb=peak,
             export_seconds=time.perf_counter() - started,
-            device_name=torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu",
+            device_name=device_class(self.device),
         )
         # Skip interpreter teardown (compile workers, CUDA context): seconds no experiment needs.
         _exit(0)
@@ -212,6 +235,14 @@ def export_model(
     torch.export.save(program, path)
 
 
+def device_class(device: torch.device) -> str:
+    """What a replay must match to give the same val_bpb: the GPU's name, or on a CPU the
+    vector instructions torch's kernels use (their sums round differently)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu {torch.backends.cpu.get_cpu_capability()}"
+
+
 def flops_per_token(model: torch.nn.Module, seq_len: int, device: torch.device) -> float:
     """Training FLOPs per token (forward + backward), counted by torch on one sequence."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -231,6 +262,9 @@ def main(config_path: str) -> int:
     status = int(os.environ["SWARM_STATUS_FD"]) if "SWARM_STATUS_FD" in os.environ else None
     torch.manual_seed(config["seed"])
     np.random.seed(config["seed"] % 2**32)
+    if config["profile"]["device"] == "cuda" and config["profile"].get("deterministic"):
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # before the first cuBLAS call
+        torch.use_deterministic_algorithms(True, warn_only=True)
     if config["profile"]["device"] == "cpu" and config["profile"]["threads"]:
         torch.set_num_threads(config["profile"]["threads"])
     if (

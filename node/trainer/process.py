@@ -58,6 +58,7 @@ class Run:
     on_event: OnEvent
     cancel: threading.Event | None
     started: float
+    train_limit: float | None = None  # the safety cap on training's wall clock, in seconds
 
     def start(
         self,
@@ -124,7 +125,7 @@ class Run:
             return watch(
                 process.proc,
                 process.status_fd,
-                self.profile,
+                self.limits(),
                 phase,
                 started,
                 accepted,
@@ -133,6 +134,16 @@ class Run:
             )
         finally:
             self.stop(process)
+
+    def limits(self) -> dict[str, float]:
+        """Each phase's limit on the runner's clock, in seconds."""
+        profile = self.profile
+        return {
+            "startup": profile.startup_seconds,
+            "train": self.train_limit or profile.max_train_seconds,
+            "eval": profile.eval_seconds,
+            "score": profile.eval_seconds,
+        }
 
     @staticmethod
     def stop(process: Process) -> None:
@@ -172,7 +183,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 def watch(
     proc: subprocess.Popen,
     read_fd: int,
-    profile: Profile,
+    limits: dict[str, float],
     phase: str,
     started: float,
     accepted: frozenset,
@@ -186,12 +197,6 @@ def watch(
     """
     seen: dict = {}
     phase_start, buffer = started, b""
-    limits = {
-        "startup": profile.startup_seconds,
-        "train": profile.budget_seconds + profile.grace_seconds,
-        "eval": profile.eval_seconds,
-        "score": profile.eval_seconds,
-    }
     while True:
         if cancel is not None and cancel.is_set():
             kill_group(proc)

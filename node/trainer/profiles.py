@@ -1,7 +1,9 @@
 """Profiles: everything that makes val_bpb comparable between two runs.
 
-A profile fixes the hardware class, the time budget, the data and tokenizer, the sequence length
-and the evaluation tokens. Absolute val_bpb is only ever compared inside one profile.
+A profile fixes the device class, the training budget (tokens, not seconds: see docs/trainer.md),
+the model envelope (training FLOPs per token), the data and tokenizer, the sequence length and
+the evaluation tokens. Absolute val_bpb is only ever compared inside one profile, and gains only
+between runs paired on one machine.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from node.trainer.errors import TrainerError
 class Profile:
     name: str
     device: str  # "cuda" or "cpu"
-    budget_seconds: float  # training time, timed by the harness from the first counted batch
+    budget_tokens: int  # training tokens the harness serves after the warm-up: the budget
+    max_flops_per_token: float  # the model envelope: training FLOPs per token, forward + backward
     data: str  # "embedded:<corpus>" (built from packages) or "web:<corpus>" (downloaded shards)
     vocab_size: int
     seq_len: int
@@ -23,51 +26,73 @@ class Profile:
     tokenizer_chars: int  # training text the tokenizer learns from (a prefix of the train split)
     warmup_batches: int = 3  # first batches are untimed (compilation), see docs/trainer.md
     startup_seconds: float = 300  # the runner's limit for start-up, compilation and warm-up
-    grace_seconds: float = 30  # killed when training runs past budget + grace
+    # The safety cap on training's wall clock where the node has not measured its speed yet
+    # (the runner derives a tighter one from a measured speed): never the budget.
+    max_train_seconds: float = 1800
     eval_seconds: float = 300  # the runner's limit for the evaluation
-    threads: int = 0  # CPU threads for torch (0: torch's default, all cores)
+    threads: int = (
+        1  # CPU threads for torch, fixed so that every machine sums in one order (0: all)
+    )
     gpu_memory_fraction: float = 0.9  # share of the GPU's memory a run may allocate (CUDA only)
+    # val_bpb two runs of one train.py and seed may differ by on this device class (measured,
+    # docs/trainer.md): 0 on a CPU, where a run is bit for bit the same under any load.
+    replay_tolerance: float = 0.0
+    # torch.use_deterministic_algorithms for training on a GPU (docs/trainer.md: what it costs).
+    deterministic: bool = False
+    # The standard deviation of a paired difference (child minus parent on one seed) before a
+    # node has measured its own: the prior its first paired runs replace (docs/trainer.md).
+    paired_noise: float = 0.005
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+# Budgets are sized so that the baseline trains about as long as the profile's machine took
+# under the old wall-clock budgets; envelopes are three times the baseline's FLOPs per token.
 PROFILES = {
-    "gpu": Profile(
+    "gpu": Profile(  # one H100-class GPU: about 300 s of training
         "gpu",
         "cuda",
-        300,
-        "web:fineweb-edu",
+        budget_tokens=960 * 2**19,  # 503 M tokens: 307 s at the H200's 1.64 M tokens/s
+        max_flops_per_token=3 * 176_160_768,
+        data="web:fineweb-edu",
         vocab_size=8192,
         seq_len=2048,
         eval_tokens=8 * 2**20,
         tokenizer_chars=400_000_000,
+        replay_tolerance=0.002,
+        paired_noise=0.002,
+        threads=0,  # the GPU does the sums; the host's threads only feed it
     ),
-    "cpu": Profile(
+    "cpu": Profile(  # one laptop core: about 2 minutes of training
         "cpu",
         "cpu",
-        120,
-        "embedded:default",
+        budget_tokens=786_432,
+        max_flops_per_token=3 * 6_291_456,
+        data="embedded:default",
         vocab_size=2048,
         seq_len=256,
         eval_tokens=2**16,
         tokenizer_chars=100_000_000,
         startup_seconds=180,
         eval_seconds=120,
+        max_train_seconds=900,
+        paired_noise=0.005,
     ),
-    "test": Profile(
+    "test": Profile(  # seconds on one core, for tests and a first look
         "test",
         "cpu",
-        4,
-        "embedded:small",
+        budget_tokens=2**16,
+        max_flops_per_token=3 * 786_432,
+        data="embedded:small",
         vocab_size=512,
         seq_len=64,
         eval_tokens=2**13,
         tokenizer_chars=4_000_000,
         startup_seconds=60,
-        grace_seconds=10,
         eval_seconds=30,
-        threads=1,
+        max_train_seconds=60,
+        paired_noise=0.005,
     ),
 }
 

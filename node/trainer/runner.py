@@ -31,7 +31,7 @@ from node.trainer.scoring import MODEL_FILE, Scoring
 # The harness's version: move it whenever a file that prepares data, times or scores changes
 # (tests/test_harness_version.py fails until it moves), so that results measured by another
 # harness never compare with this one's.
-HARNESS_VERSION = "2026.12.3"
+HARNESS_VERSION = "2026.12.4"
 # What the training process may report; anything else on its pipe is ignored, and a score from
 # it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(
@@ -57,18 +57,47 @@ def harness_files_sha256() -> str:
     return digest.hexdigest()
 
 
-def harness_sha256() -> str:
-    """The harness's identity, its version and its files: results with another never compare."""
-    return hashlib.sha256(f"{HARNESS_VERSION}\0{harness_files_sha256()}".encode()).hexdigest()
+# What a profile fixes of the measurement: runs that differ in any of these never compare. The
+# rest (each phase's limit, the replay tolerance, the prior noise) changes no score.
+MEASURED_FIELDS = (
+    "name", "device", "budget_tokens", "max_flops_per_token", "data", "vocab_size", "seq_len",
+    "eval_tokens", "tokenizer_chars", "warmup_batches", "threads", "deterministic",
+)  # fmt: skip
 
 
-# Training may run past its budget by this much before the run is void: the last step, which
-# began before the budget ran out (on a GPU the host queues work up to a few steps ahead of
-# the device, and the harness waits for it), and a pause of the process on a busy machine.
+def harness_sha256(profile: Profile | None = None) -> str:
+    """The measurement's identity: the harness's version and files and, given a profile, what it
+    fixes of the measurement (budget, envelope, data, shapes). Results under another identity
+    never compare: a campaign that pins another budget measures another thing."""
+    text = f"{HARNESS_VERSION}\0{harness_files_sha256()}"
+    if profile is not None:
+        fixed = {name: getattr(profile, name) for name in MEASURED_FIELDS}
+        text += "\0" + json.dumps(fixed, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# Training may go on after its last batch by this much before the run is void: the last step
+# (on a GPU the host queues work up to a few steps ahead of the device, and the harness waits
+# for it), and a pause of the process on a busy machine.
 SLACK_STEPS = 4
 SLACK_SECONDS = 0.25  # on the harness's own clock, in the training process
 RUNNER_SLACK_SECONDS = 2.0  # on the runner's clock, two processes and a pipe apart: a coarse guard
 OVERRUN = "past the budget"  # in the error of a run void for training too long
+OVERWORK = "work the budget does not count"  # in the error of a run void for too much work
+TIMED_VOIDS = (OVERRUN, OVERWORK)  # voids a pause of a busy machine could cause: worth a re-run
+# The budget counts tokens, not the work done on them: a train.py that spends more compute per
+# token than its counted FLOPs (several passes over each batch, a larger model trained on the
+# side) is bounded by this node's measured speed, in counted FLOPs per second of training
+# compute. A run whose training took more than WORK_FACTOR times what its counted FLOPs take
+# at that speed (plus WORK_SLACK_SECONDS) is void. A model smaller than a third of the envelope
+# (the baseline's size) is bounded as if it were that size: small models run at a lower rate
+# per FLOP. The offline proposer's 50 honest variants of the baseline ran at 0.61 to 1.16
+# times the baseline's speed on the test profile (docs/trainer.md).
+WORK_FACTOR = 2.0
+WORK_FLOOR = 1 / 3  # of the envelope's FLOPs per token: the least a run is bounded as
+WORK_SLACK_SECONDS = 1.0
+CAP_FACTOR = 3.0  # the wall-clock cap: this many times the envelope's work at the measured speed
+CAP_SLACK_SECONDS = 60.0
 
 
 @dataclass
@@ -100,7 +129,10 @@ class RunResult:
     check_tokens: int | None = None
     params: int | None = None
     flops_per_token: float | None = None
-    device_name: str | None = None
+    work_seconds: float | None = None  # training's compute time (CPU seconds per thread on a CPU)
+    speed: float | None = None  # counted training FLOPs per second of work_seconds
+    budget_tokens: int | None = None  # the profile's budget the run trained for
+    device_name: str | None = None  # the device class: the GPU's name, or "cpu" and its kernels
     error: str | None = None
     log_tail: str = ""
     run_dir: str = ""
@@ -140,6 +172,7 @@ def run_experiment(
     gpu: int | None = None,
     compile_cache: CompileCache | None = None,
     keep_compiled: bool = False,
+    speed: float | None = None,
 ) -> RunResult:
     """Run `train_py` once under `profile` and return what the harness measured.
 
@@ -149,7 +182,9 @@ def run_experiment(
     the machine has it. `cancel` set while it runs ends the run and raises RunCancelled (a stop,
     not a result); `gpu` picks one CUDA device for the run. `compile_cache` lends the run a
     copy of the node's compiled kernels; `keep_compiled` (for code the node trusts, never a
-    stranger's) adds what the run compiled to it.
+    stranger's) adds what the run compiled to it. `speed`: this node's measured speed on the
+    profile (`RunResult.speed` of its earlier runs), which bounds the work a run may do per
+    counted FLOP and caps training's wall clock; without it the profile's cap applies.
     """
     try:
         source = train_py.read_bytes()
@@ -180,17 +215,25 @@ def run_experiment(
     (run_dir / "config.json").write_text(json.dumps(config, indent=1))
     base = dict(
         train_py_sha256=hashlib.sha256(source).hexdigest(),
-        harness_sha256=harness_sha256(),
+        harness_sha256=harness_sha256(profile),
         profile=profile.name,
         seed=seed,
         data_sha256=data.sha256,
+        budget_tokens=profile.budget_tokens,
         run_dir=str(run_dir),
         sandboxed=use_sandbox,
     )
     violations = check_source(source.decode("utf-8", "replace"))
     if violations:
         return _finish(_refused(violations, base), run_dir, on_event)
-    run = Run(profile, use_sandbox, run_dir / "log.txt", gpu, on_event, cancel, time.monotonic())
+    cap = (
+        CAP_FACTOR * profile.budget_tokens * profile.max_flops_per_token / speed + CAP_SLACK_SECONDS
+        if speed
+        else None
+    )
+    run = Run(
+        profile, use_sandbox, run_dir / "log.txt", gpu, on_event, cancel, time.monotonic(), cap
+    )
     scoring = Scoring(run, data, seed, rows, batch_size)
 
     # The scorer starts early so that its start-up overlaps other work: on a GPU while training
@@ -233,7 +276,7 @@ def run_experiment(
         # Scored or not, the exported model is done with: 80 to 140 MB a run on the gpu profile.
         (run_dir / MODEL_FILE).unlink(missing_ok=True)
     seen["total_seconds"] = time.monotonic() - run.started
-    return _finish(_result(seen, base, profile, run.log_path), run_dir, on_event)
+    return _finish(_result(seen, base, profile, run.log_path, speed), run_dir, on_event)
 
 
 def eval_shape(val_tokens: int, seq_len: int, eval_tokens: int, device: str) -> tuple[int, int]:
@@ -288,7 +331,9 @@ def _counts(seen: dict) -> dict:
     return {}
 
 
-def _void(counts: dict, profile: Profile, train_seconds: float) -> str | None:
+def _void(
+    counts: dict, flops: float | None, profile: Profile, train_seconds: float, speed: float | None
+) -> str | None:
     """Why a scored run breaks the rules of the measurement, or None."""
     timed_steps = counts.get("steps", 0) - profile.warmup_batches
     timed_tokens = counts.get("tokens", 0) - counts.get("warmup_tokens", 0)
@@ -297,28 +342,47 @@ def _void(counts: dict, profile: Profile, train_seconds: float) -> str | None:
             f"a score but no counted training ({counts.get('steps', 0)} batches, "
             f"{timed_tokens} timed tokens); a run must train on session().batches()"
         )
-    step = counts.get("last_batch_seconds", 0.0) / max(timed_steps - 1, 1)
+    flops = flops or 0.0  # a model of lookups alone counts no FLOPs
+    if flops > profile.max_flops_per_token:
+        return (
+            f"its model takes {flops:.4g} training FLOPs per token, beyond the profile's "
+            f"envelope of {profile.max_flops_per_token:.4g}: make the model smaller"
+        )
+    last = counts.get("last_batch_seconds", 0.0)
+    step = last / max(timed_steps - 1, 1)
     for clock, seconds, floor in (
         ("the harness's", counts.get("train_seconds", 0.0), SLACK_SECONDS),
         ("the runner's", train_seconds, RUNNER_SLACK_SECONDS),
     ):
         slack = SLACK_STEPS * step + floor
-        if seconds > profile.budget_seconds + slack:
+        if seconds > last + slack:
             return (
-                f"training ran {seconds:.2f} s on {clock} clock, {OVERRUN} of "
-                f"{profile.budget_seconds:g} s by more than {slack:.2f} s ({SLACK_STEPS} steps of "
+                f"training ran {seconds:.2f} s on {clock} clock, {OVERRUN}: {seconds - last:.2f} s "
+                f"after its last batch, more than {slack:.2f} s ({SLACK_STEPS} steps of "
                 f"{step:.3f} s and {floor:g} s); the clock runs until session().finish(model)"
+            )
+    work = counts.get("work_seconds")
+    if speed and work is not None:
+        counted = timed_tokens * max(flops, WORK_FLOOR * profile.max_flops_per_token) / speed
+        if work > WORK_FACTOR * counted + WORK_SLACK_SECONDS:
+            return (
+                f"training took {work:.2f} s of compute, more than {WORK_FACTOR:g} times the "
+                f"{counted:.2f} s its counted FLOPs take at this node's speed "
+                f"({speed:.3g} FLOP/s): it did {OVERWORK}"
             )
     return None
 
 
-def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResult:
+def _result(
+    seen: dict, base: dict, profile: Profile, log_path: Path, speed: float | None = None
+) -> RunResult:
     counts, exported = _counts(seen), seen.get("exported", {})
     score = seen.get("score", {})
     result = score.get("result", {})
     train_seconds = seen.get("train_seconds", 0.0)
     timed_tokens = counts.get("tokens", 0) - counts.get("warmup_tokens", 0)
     tps = timed_tokens / train_seconds if train_seconds > 0 and timed_tokens > 0 else None
+    work = counts.get("work_seconds")
     flops, device_name = exported.get("flops_per_token"), exported.get("device_name")
     peak = _peak_flops(device_name)
     mfu = flops * tps / peak if flops and tps and peak else None
@@ -344,7 +408,7 @@ def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResu
         elif not math.isfinite(val_bpb):
             error = f"val_bpb is {val_bpb}: the model diverged (NaN or infinite loss)"
         else:
-            void = _void(counts, profile, train_seconds)
+            void = _void(counts, flops, profile, train_seconds, speed)
     eval_seconds = (
         score["result_at"] - seen["eval_started"]
         if "result_at" in score and "eval_started" in seen
@@ -368,6 +432,8 @@ def _result(seen: dict, base: dict, profile: Profile, log_path: Path) -> RunResu
         check_tokens=result.get("check_tokens"),
         params=result.get("params"),
         flops_per_token=flops,
+        work_seconds=round(work, 3) if work is not None else None,
+        speed=flops * timed_tokens / work if flops and work and timed_tokens > 0 else None,
         device_name=device_name,
         error=void or error,
         log_tail=_tail(log_path) if error or void else "",

@@ -1,8 +1,10 @@
-"""The baseline training script: a small modern GPT, trained for a fixed wall-clock budget.
+"""The baseline training script: a small modern GPT, trained on a fixed budget of tokens.
 
 This is the file the research agents edit. It gets its data, its clock and its score from the
 harness (`session()`): it trains on `S.batches(...)` until they stop, then hands the model to
 `S.finish(model)`, which computes val_bpb. It never reads data files or reports its own score.
+Its schedule follows `S.progress()`, the share of the budget's tokens served, so a run of one
+seed gives the same model on any machine of the profile's device class, however busy.
 """
 
 import math
@@ -32,7 +34,7 @@ EMBED_LR = 0.3  # AdamW learning rate for the token embedding
 HEAD_LR = 0.004  # AdamW learning rate for the output head
 ADAM_BETAS = (0.8, 0.95)  # AdamW betas
 MUON_MOMENTUM = 0.95  # Muon momentum (Nesterov)
-WARMDOWN = 0.4  # share of the budget at the end over which the learning rate falls to zero
+WARMDOWN = 0.4  # share of the budget (in tokens) at the end over which the learning rate falls to zero
 COMPILE = S.device.type == "cuda"  # torch.compile the blocks and the head (pays off on a GPU)
 LOG_EVERY = 50  # steps between train-loss lines in the log
 
