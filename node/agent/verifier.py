@@ -162,17 +162,17 @@ def verify_claim(
 ) -> Verified:  # fmt: skip
     """Run the claim's child on `seed`, pair it with the parent on the same seed
     (`parent_score(seed)`: this node's score of the parent on a seed; where it gives none, the
-    parent runs here), and publish a `verification` with the verdict of
-    `consensus.verdict`, which also weighs this node's earlier looks at the claim (their signed
-    deltas): inconclusive ones, and confirming ones when the claim is held for more looks.
+    parent runs here), and publish a `verification` with the verdict of `consensus.verdict`,
+    which also weighs this node's earlier looks at the claim (their signed deltas):
+    inconclusive ones, and confirming ones when the claim is held for more looks.
+
     Where this node's device class is the author's and its look did not refute the claim, it
     also replays the author's first seed: a child or parent score that differs from the signed
-    one by more than the profile's replay tolerance is misreported. A child that fails `check` (the policy) never runs and is refuted:
-    no honest node could have run it. A child whose run this node's harness voided is void: the
-    author skipped the checks or cheated; a void on timing (training past the budget, more work
-    than the budget counts) is run once more
-    first. A parent run that crashes or is voided is this node's problem: no verdict, an
-    AgentError."""
+    one by more than the profile's replay tolerance is misreported. A child that fails `check`
+    (the policy) never runs and is refuted: no honest node could have run it. A child whose run
+    this node's harness voided is void: the author skipped the checks or cheated; a void on
+    timing (training past the budget, more work than the budget counts) is run once more first.
+    A parent run that crashes or is voided is this node's problem: no verdict, an AgentError."""
     if claim["author"] == me.peer_id:
         raise AgentError("a node cannot verify its own claim: its confirmation would not count")
     sources = {}
@@ -202,10 +202,6 @@ def verify_claim(
         return known if known is not None else runs.parent(seed)
 
     child_run = runs.child(seed, "child")
-    if child_run.outcome == "void" and any(v in (child_run.error or "") for v in TIMED_VOIDS):
-        # A pause of this machine can look like training past the budget or like too much
-        # work: a void costs the author its standing at once, so the run must show it twice.
-        child_run = runs.child(seed, "child-again")
     child_bpb = child_run.val_bpb if child_run.outcome == "ok" else None
     parent_bpb = replay_bpb = replay_run = None
     if child_run.outcome == "void":
@@ -274,7 +270,12 @@ class _Runs:
     run: Run
 
     def child(self, seed: int, name: str) -> RunResult:
-        return self._run("child", seed, f"{name}-s{seed}")
+        result = self._run("child", seed, f"{name}-s{seed}")
+        if result.outcome == "void" and any(v in (result.error or "") for v in TIMED_VOIDS):
+            # A pause of this machine can look like training past the budget or like too much
+            # work: a void costs the author its standing at once, so the run must show it twice.
+            result = self._run("child", seed, f"{name}-again-s{seed}")
+        return result
 
     def parent(self, seed: int) -> float | None:
         result = self._run("parent", seed, f"parent-s{seed}")

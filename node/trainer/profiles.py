@@ -35,8 +35,10 @@ class Profile:
     )
     gpu_memory_fraction: float = 0.9  # share of the GPU's memory a run may allocate (CUDA only)
     # val_bpb two runs of one train.py and seed may differ by on this device class (measured,
-    # docs/trainer.md): 0 on a CPU, where a run is bit for bit the same under any load.
-    replay_tolerance: float = 0.0
+    # docs/trainer.md). A CPU replays bit for bit under any load; 1e-4 guards against CPUs of one
+    # instruction set whose kernels block their sums differently (not measured), far below any
+    # gain a margin believes (0.001 at least).
+    replay_tolerance: float = 1e-4
     # torch.use_deterministic_algorithms for training on a GPU (docs/trainer.md: what it costs).
     deterministic: bool = False
     # The standard deviation of a paired difference (child minus parent on one seed) before a
