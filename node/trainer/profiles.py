@@ -30,9 +30,8 @@ class Profile:
     # (the runner derives a tighter one from a measured speed): never the budget.
     max_train_seconds: float = 1800
     eval_seconds: float = 300  # the runner's limit for the evaluation
-    threads: int = (
-        1  # CPU threads for torch, fixed so that every machine sums in one order (0: all)
-    )
+    # CPU threads for torch, fixed so that every machine sums in one order (0: all of them).
+    threads: int = 1
     gpu_memory_fraction: float = 0.9  # share of the GPU's memory a run may allocate (CUDA only)
     # val_bpb two runs of one train.py and seed may differ by on this device class (measured,
     # docs/trainer.md). A CPU replays bit for bit under any load; 1e-4 guards against CPUs of one
