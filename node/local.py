@@ -205,12 +205,12 @@ def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
     from node.trainer import get_profile, harness_sha256
 
     quorum, baseline = campaign_terms(swarm.campaign)
+    harness = harness_sha256(get_profile(swarm.profile, swarm.data))  # hashes every harness file
     nodes = []
     for home in swarm.node_homes():
         entry: dict = {"node": home.name, "home": str(home), "ledger": str(ledger_path(home))}
         if ledger_path(home).is_file():
             with Ledger(ledger_path(home), readonly=True) as ledger:
-                harness = harness_sha256(get_profile(swarm.profile, swarm.data))
                 entry["head"] = best_head(ledger, swarm.profile, baseline, quorum, harness)
                 entry["experiments"] = ledger.rows(
                     "SELECT COUNT(*) AS n FROM results r JOIN facts f ON f.id = r.id "
