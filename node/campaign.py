@@ -16,7 +16,7 @@ from pathlib import Path
 
 from node import wire
 from node.errors import SwarmError
-from node.identity import Identity, peer_id_from_public_key
+from node.identity import Identity, IdentityError, peer_id_from_public_key, public_key_from_peer_id
 
 FORMAT = "research-swarm campaign/1"
 MAX_FILE = 512 * 1024  # bytes: program.md and train.py are a few KB each
@@ -52,6 +52,18 @@ class Campaign:
     def baseline_sha256(self) -> str:
         return self.fact.body["baseline"]
 
+    @property
+    def members(self) -> list[str] | None:
+        """The members' peer ids, sorted; None for an open campaign (any key counts)."""
+        keys = self.fact.body.get("members")
+        return None if keys is None else sorted(peer_id_from_public_key(k) for k in keys)
+
+    @property
+    def terms(self) -> dict:
+        """What a ledger of this campaign judges by (`Ledger.set_terms`)."""
+        return {"name": self.name, "organiser": self.organiser, "baseline": self.baseline_sha256,
+                "quorum": self.quorum, "members": self.members, "fact": self.fact.id}  # fmt: skip
+
     def data_for(self, profile: str) -> dict[str, str]:
         """What the campaign pinned for `profile`: data spec, tokens and tokenizer hashes."""
         prefix = profile + "."
@@ -64,6 +76,7 @@ class Campaign:
         doc = {
             "format": FORMAT, "name": self.name, "organiser": self.organiser,
             "quorum": self.quorum, "profiles": self.profiles, "data": self.fact.body["data"],
+            **({} if self.members is None else {"members": self.members}),
             "fact": base64.b64encode(self.fact.raw).decode(),
             "program": self.program, "baseline": self.baseline,
         }  # fmt: skip
@@ -111,16 +124,37 @@ def make_campaign(fact: wire.Fact, program: str, baseline: str) -> Campaign:
 
 def campaign_body(
     me: Identity, name: str, program: str, baseline: str, profiles: list[str], quorum: int,
-    data: dict[str, str],
+    data: dict[str, str], members: list[str] | None = None,
 ) -> dict:  # fmt: skip
-    """The body of the `campaign` fact the organiser signs."""
+    """The body of the `campaign` fact the organiser signs; `members` the member peer ids (the
+    organiser among them), None for an open campaign."""
     if quorum < 1:
         raise CampaignError("--quorum must be at least 1: a claim cannot verify itself")
+    keys = None
+    if members is not None:
+        keys = []
+        for peer in {*members, me.peer_id}:
+            try:
+                keys.append(public_key_from_peer_id(peer))
+            except IdentityError:
+                raise CampaignError(
+                    f"member {peer!r} is not a peer id: ask each member for the id "
+                    "`swarm keys show` prints"
+                ) from None
+        if len(keys) > wire.MAX_MEMBERS:
+            raise CampaignError(
+                f"{len(keys)} members, over {wire.MAX_MEMBERS}: split the group into campaigns"
+            )
+        if len(keys) <= quorum:
+            raise CampaignError(
+                f"{len(keys)} members cannot reach quorum {quorum}: a claim needs {quorum} "
+                "members other than its author"
+            )
     try:
         return wire.campaign_body(
             name=name, organiser=me.public_key, program=program.encode(),
             baseline=hashlib.sha256(baseline.encode()).hexdigest(), profiles=profiles,
-            quorum=quorum, data=data,
+            quorum=quorum, data=data, members=keys,
         )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise CampaignError(f"cannot make campaign {name!r}: {exc}") from None
@@ -154,8 +188,8 @@ def parse_campaign(raw: bytes, where: str = "campaign file") -> Campaign:
     signed = json.loads(campaign.to_bytes())
     edited = [
         key
-        for key in ("name", "organiser", "quorum", "profiles", "data")
-        if doc.get(key) != signed[key]
+        for key in ("name", "organiser", "quorum", "profiles", "data", "members")
+        if doc.get(key) != signed.get(key)
     ]
     if edited:
         raise CampaignError(

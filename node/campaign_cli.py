@@ -68,15 +68,17 @@ def campaign_new(
     baseline: Annotated[Path | None, typer.Option("--baseline", help="The train.py every lineage starts from (default: the built-in one).")] = None,
     data: DataOption = None,
     budget: Annotated[list[str] | None, typer.Option("--budget", help="PROFILE=TOKENS: another training budget for a profile (repeatable; default: the profile's).")] = None,
+    members: Annotated[Path | None, typer.Option("--members", help="A file of member peer ids, one per line: only members verify, on committees drawn by hash (default: an open campaign, where any key counts).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Where to write the campaign file (default: NAME.campaign.json).")] = None,
     home: HomeOption = None,
 ) -> None:
     """Write a campaign file signed by this node's key: name, program.md, baseline train.py, data hashes, budgets, quorum.
 
     Builds (or finds) each profile's data to pin its hashes, and pins each profile's training budget (tokens), so that
-    every member measures the same thing. Members join with `swarm join --campaign FILE`.
+    every member measures the same thing. Members join with `swarm join --campaign FILE`. With --members, the campaign
+    resists Sybils: keys not on the list never verify. An open campaign cannot tell one person's many keys apart.
 
-    Example: swarm campaign new hack-nov --program program.md --profile cpu --quorum 2 --budget cpu=393216
+    Example: swarm campaign new hack-nov --program program.md --profile cpu --quorum 2 --members team.txt
     """
     from node.campaign import campaign_body, data_pins, make_campaign
     from node.identity import load_identity
@@ -85,6 +87,13 @@ def campaign_new(
     from node.trainer.policy import check_source
 
     texts = {}
+    listed = None
+    if members is not None:
+        try:
+            lines = members.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SwarmError(f"cannot read --members {members}: {exc}") from None
+        listed = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
     for label, path in (("program", program), ("baseline", baseline or BASELINE_TRAIN_PY)):
         try:
             texts[label] = path.read_text()
@@ -105,7 +114,8 @@ def campaign_new(
         home_dir, prof, tokens = prepare(profile, data, home)
         pins.update(data_pins(prof.name, prof.data, tokens.manifest, budgets.get(prof.name, prof.budget_tokens)))
     me = load_identity(home_dir)
-    body = campaign_body(me, name, texts["program"], texts["baseline"], list(dict.fromkeys(profiles)), quorum, pins)
+    body = campaign_body(me, name, texts["program"], texts["baseline"], list(dict.fromkeys(profiles)), quorum, pins,
+                         listed)
     with Ledger(ledger_path(home_dir), campaign=name) as ledger:
         fact = ledger.publish(me, "campaign", body)
     campaign = make_campaign(fact, texts["program"], texts["baseline"])
@@ -130,6 +140,7 @@ def campaign_show(
     info = {"name": campaign.name, "organiser": campaign.organiser, "quorum": campaign.quorum,
             "profiles": campaign.profiles, "baseline": campaign.baseline_sha256,
             "program_sha256": campaign.fact.body["program_sha256"], "data": campaign.fact.body["data"],
+            "members": campaign.members if campaign.members is not None else "open: any key counts",
             "sha256": campaign.sha256}
     if as_json:
         print(json.dumps(info))

@@ -286,12 +286,12 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
 
 def _print_standing(rows: list[dict]) -> None:
     table = Table(title="standing (from the ledger's facts and this node's refusals)")
-    for name in ("peer", "standing", "claims failed", "false confirms", "refused", "why"):
+    for name in ("peer", "standing", "claims verified", "looks outlying", "refused", "why"):
         table.add_column(name, overflow="fold" if name in ("refused", "why") else "ellipsis")
     for s in rows:
         refused = ", ".join(f"{k} {v}" for k, v in sorted(s["offences"].items())) or "-"
-        table.add_row(s["peer"][-12:], s["status"], f"{s['failed']} of {s['claims']}",
-                      f"{s['false_confirms']} of {s['confirms']}", refused, "; ".join(s["reasons"]) or "-")
+        table.add_row(s["peer"][-12:], s["status"], f"{s['verified']} of {s['claims']}",
+                      f"{s['outlying']} of {s['looks'] + s['outlying']}", refused, "; ".join(s["reasons"]) or "-")
     console.print(table)
 
 

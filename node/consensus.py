@@ -1,53 +1,96 @@
-"""The swarm's adoption rule, as pure functions over facts: no I/O, no clock, no randomness.
+"""The swarm's adoption rule, as pure functions over facts: which claims the pooled evidence
+verifies (`node.evidence`), and the one head every "best" in the project means. No I/O, no
+clock, no randomness: two nodes that hold the same facts agree, whatever order they came in.
 
-Every node applies the same rule to the same facts, so two nodes that hold the same facts agree,
-whatever order the facts arrived in. Never import anything with side effects here.
+A version's score is its parent's score minus its claim's verified gain, from the campaign's
+baseline (score 0); a claimed val_bpb never ranks anything. Never import anything with side
+effects here.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import heapq
 import math
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from node import evidence
 from node.errors import SwarmError
+from node.evidence import Judgement
 
-DEFAULT_K = 2.0  # noise margin: this many standard deviations of a paired difference
+DEFAULT_K = 2.0  # a node's own keep margin: this many standard errors of its paired mean gain
 DEFAULT_FLOOR = 0.001  # bpb; below this, a margin from few runs is luck, not a measurement
-PRIOR_DF = 2  # the profile's prior noise weighs as much as this many degrees of freedom
-MAX_LOOKS = 3  # a verifier's runs of one claim while its verdict is inconclusive, at most
-
-
+PRIOR_DF = evidence.PRIOR_DF  # the profile's prior noise weighs as much as this many df
+# Seeds across the committee after which an open claim is left unproven: LOOK_BUDGET at quorum 1,
+# and LOOK_BUDGET_PER_QUORUM more per extra peer the test must pass without.
+LOOK_BUDGET = 16
+LOOK_BUDGET_PER_QUORUM = 8
 # A claim whose verified gain lies far outside what its profile has seen is held for extra
-# looks before anyone builds on it: a cheat that evades the harness reproduces under every
+# seeds before anyone builds on it: a cheat that evades the harness reproduces under every
 # re-run, but each re-run repeats the harness's randomized checks on fresh validation rows, so
-# more looks give more chances to catch it, and a held claim is visible to people. The
-# simulator's landscape, calibrated to autoresearch's measured history, has kept gains of 0.15
-# to 0.45 sigma of seed noise: 3x from the smallest real gain to the largest. A gain beyond 3x
-# the largest ever verified on a profile lies outside that whole range; a false hold costs two
-# more looks, never a refusal.
+# more looks give more chances to catch it, and a held claim is visible to people. Kept gains
+# in autoresearch's measured history span 3x (0.15 to 0.45 sigma of seed noise), so a gain
+# beyond 3x the largest ever verified on a profile lies outside that whole range; a false hold
+# costs a few more looks, never a refusal.
 HOLD_FACTOR = 3.0
-HOLD_LOOKS = 3  # confirming looks a held claim needs: by peers not its author, each a fresh seed
-# When a peer gave several verdicts on one claim, the one that counts: the strongest against it.
-# A verifier looks again at a claim it judged only after confirming it (a held claim), so a later
-# void or refute revises that confirmation; a crash on a second look does not undo one.
-_PRECEDENCE = {
-    "misreported": 5,
-    "void": 4,
-    "refute": 3,
-    "confirm": 2,
-    "crash": 1,
-    "inconclusive": 0,
-}
+HOLD_LOOKS = 3  # seeds, from peers not its author, that a held claim needs
+HELD = "held"  # the state of a claim the evidence verifies but the hold keeps waiting
+UNPROVEN = "unproven"  # an open claim with its look budget spent: nobody looks again
 # Verdicts no noise explains: the harness refused the re-run, or the replay of the author's own
 # run gave another score than it signed.
 DISQUALIFYING = frozenset({"void", "misreported"})
-_LOOK_COLUMNS = ("delta", "seed")  # what the hold reads of each verification row
+_RESULT_COLUMNS = ("id", "author", "profile", "harness", "parent", "child", "outcome")
+_LOOK_COLUMNS = ("result", "author", "verdict", "profile", "harness", "delta", "seed")
 
 
 class ConsensusError(SwarmError):
     """A question the rule cannot answer from what it was given (too few runs, no parent score)."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a campaign fixes for judging claims on one profile, the same on every node."""
+
+    quorum: int = 1  # peers other than the author the test must pass without, plus one
+    sigma: float = 0.002  # the profile's paired noise: the test's floor on the noise
+    tolerance: float = 0.002  # how far a replay of the author's seed may land from its score
+    members: frozenset[str] | None = None  # the campaign's members; None: an open campaign
+    committee: int = 0  # verifiers drawn per claim from the members; 0: 2 * quorum + 1, >= 3
+
+    def __post_init__(self) -> None:
+        if self.quorum < 1:
+            raise ValueError("quorum must be at least 1: a result cannot verify itself")
+
+    @classmethod
+    def of(cls, profile: Any, quorum: int = 1, members: Collection[str] | None = None) -> Rules:
+        """The rules for a trainer `Profile` (its paired noise and replay tolerance)."""
+        return cls(quorum, profile.paired_noise, profile.replay_tolerance,
+                   None if members is None else frozenset(members))  # fmt: skip
+
+    @property
+    def committee_size(self) -> int:
+        return self.committee or max(3, 2 * self.quorum + 1)
+
+    @property
+    def look_budget(self) -> int:
+        """Seeds after which an open claim is left unproven (`UNPROVEN`)."""
+        return LOOK_BUDGET + LOOK_BUDGET_PER_QUORUM * (self.quorum - 1)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A version reached from the baseline through verified claims."""
+
+    version: str
+    score: float  # minus the verified gains from the baseline to here (bpb); the baseline: 0
+    se: float  # its standard error: the claims' errors, added in quadrature
+    via: str | None = None  # the claim (result id) that made it; None for the baseline
+    parent: str | None = None
+    steps: int = 0  # verified claims from the baseline
 
 
 def rows_from_facts(facts: Iterable[Any]) -> tuple[list[dict], list[dict]]:
@@ -63,182 +106,231 @@ def rows_from_facts(facts: Iterable[Any]) -> tuple[list[dict], list[dict]]:
     return results, verifications
 
 
-def _counted(
-    results: Mapping[str, Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]]
-) -> Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]:
-    """(result, verification) for every verdict that counts: by a peer other than the result's
-    author, measured with the same harness and profile (another harness measures another thing)."""
-    for v in verifications:
-        r = results.get(v["result"])
-        if (
-            r is not None
-            and v["author"] != r["author"]
-            and v["harness"] == r["harness"]
-            and v["profile"] == r["profile"]
-        ):
-            yield r, v
+def committee(claim_id: str, author: str, members: Collection[str], size: int) -> tuple[str, ...]:
+    """The members who judge a claim: ranked by sha256 of the claim's id and their own, the
+    author left out, the first `size`. Nobody chooses them: the author cannot pick its claim's
+    id without changing the claim, and nobody can pick another's."""
+    ranked = sorted(
+        (m for m in members if m != author),
+        key=lambda m: hashlib.sha256(f"{claim_id}:{m}".encode()).digest(),
+    )
+    return tuple(ranked[:size])
 
 
-def peer_verdicts(
-    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]]
-) -> dict[str, dict[str, str]]:
-    """{result id: {peer: its verdict}} over the verdicts that count, one per peer: of several,
-    the strongest against the claim (void, refute, confirm, crash, inconclusive)."""
-    by_id = {r["id"]: r for r in results}
-    votes: dict[str, dict[str, str]] = {}
-    for r, v in _counted(by_id, verifications):
-        peers = votes.setdefault(r["id"], {})
-        held = peers.get(v["author"])
-        if held is None or _PRECEDENCE.get(v["verdict"], -1) > _PRECEDENCE.get(held, -1):
-            peers[v["author"]] = v["verdict"]
-    return votes
-
-
-def _tally(peers: Mapping[str, str]) -> tuple[set[str], int, int]:
-    """(confirmers, how many found no win: refute, void or misreported, how many found it void
-    or misreported)."""
-    confirmers = {p for p, v in peers.items() if v == "confirm"}
-    disqualified = sum(v in DISQUALIFYING for v in peers.values())
-    return confirmers, disqualified + sum(v == "refute" for v in peers.values()), disqualified
-
-
-def _with_looks(verifications: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    rows = list(verifications)
-    for v in rows:
-        missing = [c for c in _LOOK_COLUMNS if c not in v]
+def _check_columns(rows: list[Mapping[str, Any]], columns: Sequence[str], what: str) -> None:
+    if rows:
+        missing = [c for c in columns if c not in rows[0]]
         if missing:
-            raise ValueError(
-                f"a verification row lacks the column(s) {', '.join(missing)}: select delta and "
-                "seed with every verdict, since the outlier hold weighs the gain each verifier "
-                "measured on each of its looks"
-            )
-    return rows
+            raise ValueError(f"a {what} row lacks the column(s) {', '.join(missing)}")
 
 
-def _judge(
-    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], quorum: int
-) -> tuple[dict[str, set[str]], dict[str, str]]:
-    """(verified: {result id: its counted confirmers}, held: {result id: why it waits}).
+def judge_claim(
+    claim: Mapping[str, Any], looks: Iterable[Mapping[str, Any]], rules: Rules,
+    silenced: Collection[str] = (),
+) -> Judgement:  # fmt: skip
+    """One claim's judgement from its own looks alone, those that count: by a peer other than
+    its author and not `silenced`, with the same harness and profile (another harness measures
+    another thing), and, in a campaign with members, by the claim's committee. The
+    evidence's state (`evidence.judge`), UNPROVEN when it is open with `rules.look_budget` seeds
+    behind it (a gain too small to tell from noise, if any: a change of no gain is refuted only
+    after some 30 seeds, so verifiers stop before). What depends on other claims (the hold) is
+    `settle`'s: a ledger can keep this per claim and update it at every look."""
+    panel = None
+    if rules.members is not None:
+        panel = set(committee(claim["id"], claim["author"], rules.members, rules.committee_size))
+    counted = [
+        v for v in looks
+        if v["author"] != claim["author"] and v["author"] not in silenced
+        and v["harness"] == claim["harness"] and v["profile"] == claim["profile"]
+        and (panel is None or v["author"] in panel)
+    ]  # fmt: skip
+    j = evidence.judge(
+        claim, counted, quorum=rules.quorum, sigma=rules.sigma, tolerance=rules.tolerance
+    )
+    if j.state == "open" and j.seeds >= rules.look_budget and not j.disputed:
+        j = dataclasses.replace(j, state=UNPROVEN, reason=f"unproven: {j.reason}")
+    return j
 
-    A claim meets the quorum's rule when at least `quorum` peers confirm it, more than find no
-    win (refute or void), and fewer than `quorum` found it void. Of those, per profile and
-    harness, a claim with HOLD_LOOKS confirming looks is verified, and so is any claim whose
-    gain is at most HOLD_FACTOR times the largest gain verified (the fixed point: each claim
-    verified may raise the scale); any other is held, the first win of a profile too (it sets
-    the scale). A claim's gain is the median over its confirmers of each one's mean gain
-    (-delta) on its confirming looks; a claim whose confirmations carry no delta has no known
-    gain: it is verified by its looks alone and never sets the scale."""
-    if quorum < 1:
-        raise ValueError("quorum must be at least 1: a result cannot verify itself")
-    by_id = {r["id"]: r for r in results}
-    verifications = _with_looks(verifications)
-    meets: dict[str, set[str]] = {}
-    for rid, peers in peer_verdicts(by_id.values(), verifications).items():
-        confirmers, against, void = _tally(peers)
-        if len(confirmers) >= quorum and len(confirmers) > against and void < quorum:
-            meets[rid] = confirmers
-    looks: dict[str, dict[str, dict[int, float | None]]] = {}  # rid -> peer -> seed -> gain
-    for r, v in _counted(by_id, verifications):
-        if v["verdict"] == "confirm" and v["author"] in meets.get(r["id"], ()):
-            delta = v["delta"]
-            gain = -delta if isinstance(delta, (int, float)) and math.isfinite(delta) else None
-            seen = looks.setdefault(r["id"], {}).setdefault(v["author"], {})
-            old = seen.get(v["seed"])  # a look again on the same seed is the same look
-            seen[v["seed"]] = gain if old is None or (gain is not None and gain > old) else old
+
+def judge_claims(
+    results: Iterable[Mapping[str, Any]],
+    verifications: Iterable[Mapping[str, Any]],
+    rules: Rules,
+    silenced: Collection[str] = (),
+) -> dict[str, Judgement]:
+    """{result id: its judgement} for every kept result given (`judge_claim`, then `settle`).
+
+    `results` carry id, author, profile, harness, parent, child, outcome (and child_scores,
+    parent_scores, device for replays and the author's own look); `verifications` carry result,
+    author, verdict, profile, harness, delta, seed (and replay_val_bpb, device)."""
+    kept = [r for r in results if r["outcome"] == "keep"]
+    looks = list(verifications)
+    _check_columns(kept, _RESULT_COLUMNS, "result")
+    _check_columns(looks, _LOOK_COLUMNS, "verification")
+    by_id = {r["id"]: r for r in kept}
+    per_claim: dict[str, list[Mapping[str, Any]]] = {rid: [] for rid in by_id}
+    for v in looks:
+        if v["result"] in per_claim:
+            per_claim[v["result"]].append(v)
+    judged = {
+        rid: judge_claim(by_id[rid], per_claim[rid], rules, silenced) for rid in sorted(by_id)
+    }
+    return settle(judged, by_id)
+
+
+def settle(
+    judged: Mapping[str, Judgement], by_id: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Judgement]:
+    """The claims' judgements with the outlier hold applied across them: a verified claim whose
+    gain lies beyond HOLD_FACTOR times the largest verified on its profile and harness (or that
+    would be its first) is HELD until HOLD_LOOKS seeds stand behind it. Only verified claims are
+    read, so a caller may give those alone."""
+    return _hold(dict(judged), by_id)
+
+
+def _hold(
+    judged: dict[str, Judgement], by_id: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Judgement]:
+    """Per profile and harness, the scale is the largest gain among the claims verified with
+    HOLD_LOOKS seeds, raised by every verified gain within HOLD_FACTOR of it, in ascending order
+    (a fixed point); a verified claim beyond it, with fewer seeds, is held."""
     groups: dict[tuple[str, str], list[str]] = {}
-    gains: dict[str, float | None] = {}
-    counts: dict[str, int] = {}
-    for rid in meets:
-        means = [
-            statistics.fmean(known)
-            for seen in looks.get(rid, {}).values()
-            if (known := [g for g in seen.values() if g is not None])
-        ]
-        gains[rid] = statistics.median(means) if means else None
-        counts[rid] = sum(len(seen) for seen in looks.get(rid, {}).values())
-        groups.setdefault((by_id[rid]["profile"], by_id[rid]["harness"]), []).append(rid)
-    verified: dict[str, set[str]] = {}
-    held: dict[str, str] = {}
+    for rid, j in judged.items():
+        if j.state == "verified":
+            groups.setdefault((by_id[rid]["profile"], by_id[rid]["harness"]), []).append(rid)
     for (profile, _), claims in groups.items():
-        # The scale: the largest positive gain among the claims verified by their looks, raised
-        # by every known gain within HOLD_FACTOR of it, in ascending order (a fixed point).
-        anchored = [gains[rid] for rid in claims if counts[rid] >= HOLD_LOOKS]
+        anchored = [judged[rid].gain for rid in claims if judged[rid].seeds >= HOLD_LOOKS]
         record = max((g for g in anchored if g is not None and g > 0), default=None)
-        for gain in sorted(g for rid in claims if (g := gains[rid]) is not None):
+        for gain in sorted(g for rid in claims if (g := judged[rid].gain) is not None):
             if record is not None and record < gain <= HOLD_FACTOR * record:
                 record = gain
         for rid in claims:
-            gain = gains[rid]
-            within = record is not None and gain is not None and gain <= HOLD_FACTOR * record
-            if within or counts[rid] >= HOLD_LOOKS:
-                verified[rid] = meets[rid]
-            else:
-                held[rid] = _held_reason(profile, gain, record, counts[rid])
-    return verified, held
+            j = judged[rid]
+            within = record is not None and j.gain is not None and j.gain <= HOLD_FACTOR * record
+            if not (within or j.seeds >= HOLD_LOOKS):
+                judged[rid] = dataclasses.replace(
+                    j, state=HELD, reason=_held_reason(profile, j, record)
+                )
+    return judged
 
 
-def _held_reason(profile: str, gain: float | None, record: float | None, looks: int) -> str:
-    needs = f"needs {HOLD_LOOKS} confirming looks, has {looks}"
-    if gain is None:
-        return f"held: its confirmations carry no measured gain; {needs}"
+def _held_reason(profile: str, j: Judgement, record: float | None) -> str:
+    needs = f"needs {HOLD_LOOKS} seeds from its verifiers, has {j.seeds}"
     if record is None:
-        return (
-            f"held: gain {gain:.4f} is the first verified on {profile}, which sets the scale; "
-            f"{needs}"
-        )
+        return f"held: gain {j.gain:.4f} is the first verified on {profile}, which sets the scale; {needs}"
     return (
-        f"held: gain {gain:.4f} is {gain / record:.3g}x the largest verified on {profile} "
+        f"held: gain {j.gain:.4f} is {j.gain / record:.3g}x the largest verified on {profile} "
         f"({record:.4f}); {needs}"
     )
 
 
+def _in_state(judged: Mapping[str, Judgement], *states: str) -> dict[str, Judgement]:
+    return {rid: j for rid, j in judged.items() if j.state in states}
+
+
 def verified_children(
-    results: Iterable[Mapping[str, Any]],
-    verifications: Iterable[Mapping[str, Any]],
-    quorum: int = 1,
+    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], rules: Rules
 ) -> dict[str, set[str]]:
-    """The results confirmed by at least `quorum` distinct peers other than their author, by
-    more such peers than find no win (refute or void), found void by fewer than `quorum`, and
-    not held as outliers (see `held_claims`). A refutation says "no gain beyond my noise", so
-    one noisy refutation does not outweigh two confirmations; a tie is not verified (it waits
-    for more verifiers). A void says the harness refused the verifier's re-run of the child:
-    confirmations never outvote a quorum of those.
-
-    `results` carry id, author, profile and harness; `verifications` carry result, author,
-    verdict, profile, harness, delta and seed (a ValueError names a missing column). A verdict
-    counts only when measured with the same harness and profile as the result. A crash or an
-    inconclusive verdict counts neither way. Returns {result id: the peers whose confirmations
-    count}, for the verified results only.
-    """
-    return _judge(results, verifications, quorum)[0]
-
-
-def held_claims(
-    results: Iterable[Mapping[str, Any]],
-    verifications: Iterable[Mapping[str, Any]],
-    quorum: int = 1,
-) -> dict[str, str]:
-    """{result id: why it is held}: the claims that meet the quorum's rule but whose gain lies
-    beyond HOLD_FACTOR times the largest verified on their profile (or that would be its first
-    verified win), still short of HOLD_LOOKS confirming looks. Not verified, not refuted."""
-    return _judge(results, verifications, quorum)[1]
+    """{result id: the peers whose looks verified it}, for the verified claims only."""
+    judged = judge_claims(results, verifications, rules)
+    return {rid: set(j.peers) for rid, j in _in_state(judged, "verified").items()}
 
 
 def refuted_claims(
+    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], rules: Rules
+) -> set[str]:
+    """The claims the evidence refutes (a gain below `evidence.FUTILITY` sigmas), or found void
+    or misreported: settled as no win (verifiers stop spending runs on them) until later looks
+    say otherwise."""
+    judged = judge_claims(results, verifications, rules)
+    return set(_in_state(judged, "refuted", *DISQUALIFYING))
+
+
+def held_claims(
+    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], rules: Rules
+) -> dict[str, str]:
+    """{result id: why it is held}: verified by the evidence, held by the outlier hold."""
+    return {
+        rid: j.reason
+        for rid, j in _in_state(judge_claims(results, verifications, rules), HELD).items()
+    }
+
+
+def lineage_scores(
+    results: Iterable[Mapping[str, Any]],
+    judged: Mapping[str, Judgement],
+    baseline: str,
+    reach: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> dict[str, Score]:
+    """{version: its score} for every version reached from `baseline` through verified claims
+    (those `reach` accepts, when given): the lowest score over the paths that reach it, ties to
+    the fewer steps and then the lower claim id. Parent links may loop: every verified gain is
+    positive, so the lowest score is a shortest path."""
+    edges: dict[str, list[tuple[Mapping[str, Any], Judgement]]] = {}
+    for r in results:
+        j = judged.get(r["id"])
+        if (
+            j is not None
+            and j.state == "verified"
+            and j.gain is not None
+            and (reach is None or reach(r))
+        ):
+            edges.setdefault(r["parent"], []).append((r, j))
+    best = {baseline: Score(baseline, 0.0, 0.0)}
+    queue = [(0.0, 0, "", baseline)]
+    done = set()
+    while queue:
+        _, _, _, version = heapq.heappop(queue)
+        if version in done:
+            continue
+        done.add(version)
+        here = best[version]
+        for r, j in sorted(edges.get(version, ()), key=lambda e: e[0]["id"]):
+            child = r["child"]
+            step = Score(child, here.score - j.gain, math.hypot(here.se, j.se or 0.0), r["id"],
+                         version, here.steps + 1)  # fmt: skip
+            held = best.get(child)
+            if child not in done and (
+                held is None
+                or (step.score, step.steps, step.via) < (held.score, held.steps, held.via or "")
+            ):
+                best[child] = step
+                heapq.heappush(queue, (step.score, step.steps, step.via, child))
+    return best
+
+
+def head_of(scores: Mapping[str, Score]) -> str:
+    """The best version: the lowest score, ties to the lower hash."""
+    return min(scores.values(), key=lambda s: (s.score, s.version)).version
+
+
+def versions_of(
+    results: Iterable[Mapping[str, Any]], profile: str, harness: str | None = None
+) -> list[Mapping[str, Any]]:
+    """The kept results of `profile` measured with `harness` (None: any): all a head reads."""
+    return [r for r in results if r["profile"] == profile and r["outcome"] == "keep"
+            and (harness is None or r["harness"] == harness)]  # fmt: skip
+
+
+def standings(
     results: Iterable[Mapping[str, Any]],
     verifications: Iterable[Mapping[str, Any]],
-    quorum: int = 1,
-) -> set[str]:
-    """The results that at least `quorum` distinct peers other than the author found no win
-    (refute, or void: the harness refused the re-run), with the same harness and profile, and
-    at least as many of them as confirm: settled as no win (verifiers stop spending runs on
-    them) until more confirmations come."""
-    out = set()
-    for rid, peers in peer_verdicts(results, verifications).items():
-        confirmers, against, _ = _tally(peers)
-        if against >= quorum and against >= len(confirmers):
-            out.add(rid)
-    return out
+    profile: str,
+    baseline: str,
+    rules: Rules,
+    harness: str | None = None,
+    reach: Callable[[Mapping[str, Any]], bool] | None = None,
+    silenced: Collection[str] = (),
+) -> tuple[dict[str, Score], dict[str, Judgement]]:
+    """(the scores of the versions reached, every claim's judgement) on `profile`. `reach`, when
+    given, names the only results the head is reached through (a node without a sandbox: those
+    of the authors it trusts); which claims are verified is still judged from all of them, so
+    that the outlier hold weighs a claim against every verified gain of its profile."""
+    kept = versions_of(results, profile, harness)
+    judged = judge_claims(
+        kept, [v for v in verifications if v["profile"] == profile], rules, silenced
+    )
+    return lineage_scores(kept, judged, baseline, reach), judged
 
 
 def best_head(
@@ -246,46 +338,17 @@ def best_head(
     verifications: Iterable[Mapping[str, Any]],
     profile: str,
     baseline: str,
-    quorum: int = 1,
+    rules: Rules,
     harness: str | None = None,
     reach: Callable[[Mapping[str, Any]], bool] | None = None,
+    silenced: Collection[str] = (),
 ) -> str:
-    """The best train.py (sha256) of `profile`: the lowest verified val_bpb among the versions
-    reached from the campaign's `baseline` through verified kept results only; ties go to the
-    lower hash. The baseline itself while nothing verified descends from it.
-
-    `harness`, when given, leaves out results measured with any other harness. `reach`, when
-    given, names the only results the head is reached through (a node without a sandbox: those
-    of the authors it trusts); which results are verified is still judged from all of them, so
-    that the outlier hold weighs a claim against every verified gain of its profile.
-    """
-    kept = [
-        r
-        for r in results
-        if r["profile"] == profile
-        and r["outcome"] == "keep"
-        and r["val_bpb"] is not None
-        and math.isfinite(r["val_bpb"])
-        and (harness is None or r["harness"] == harness)
-    ]
-    verified = verified_children(kept, verifications, quorum)
-    by_parent: dict[str, list[Mapping[str, Any]]] = {}
-    for r in kept:
-        if r["id"] in verified and (reach is None or reach(r)):
-            by_parent.setdefault(r["parent"], []).append(r)
-    reached, frontier = {baseline}, [baseline]
-    while frontier:
-        for r in by_parent.get(frontier.pop(), ()):
-            if r["child"] not in reached:
-                reached.add(r["child"])
-                frontier.append(r["child"])
-    candidates = [
-        (r["val_bpb"], r["child"])
-        for parent in reached
-        for r in by_parent.get(parent, ())
-        if r["child"] != baseline
-    ]
-    return min(candidates)[1] if candidates else baseline
+    """The best train.py (sha256) of `profile`: the lowest score among the versions reached from
+    the campaign's `baseline` through verified claims; the baseline while nothing verified
+    descends from it. See `standings`."""
+    return head_of(
+        standings(results, verifications, profile, baseline, rules, harness, reach, silenced)[0]
+    )
 
 
 def paired_noise(

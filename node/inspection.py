@@ -196,10 +196,8 @@ QuorumOption = Annotated[
 
 
 def _quorum(ledger: Ledger, quorum: int | None) -> int:
-    if quorum is not None:
-        return quorum
-    campaign = ledger.rows("SELECT quorum FROM campaigns ORDER BY time LIMIT 1")
-    return campaign[0]["quorum"] if campaign else 1
+    """The quorum asked for, else the one of the campaign terms the node set, else 1."""
+    return quorum if quorum is not None else ledger.quorum()
 
 
 @ledger_app.command("experiments")
@@ -254,12 +252,14 @@ def leaderboard(
     limit: Annotated[int, typer.Option(help="Versions shown per profile.")] = 10,
     as_json: JsonOption = False,
 ) -> None:
-    """Per profile: the best verified train.py versions, who found and who verified them, and
-    the claims held back as outliers until they have more confirming looks.
+    """Per profile: the best train.py versions reached from the baseline through verified claims,
+    who found and who verified them, and the claims held back as outliers for more looks.
 
-    Verified = confirmed by at least QUORUM peers other than the author, measuring with the same
-    harness, and not held (a gain far beyond any verified on the profile waits for more looks).
-    --json gives the verified versions; `swarm ledger experiments --json` says which are held.
+    A version's score is minus the verified gains from the baseline (bpb, lower is better); a gain
+    pools every look by peers other than its author with the same harness, and is verified by a
+    sequential test that passes a change of no gain at most 5% of the time, with the QUORUM - 1 most
+    favourable verifiers left out. The first row is the swarm's head. --json gives the versions;
+    `swarm ledger experiments --json` gives every claim's state.
     Example: swarm ledger leaderboard --quorum 2
     """
     with _open(home, db) as ledger:
@@ -274,16 +274,17 @@ def leaderboard(
     for profile in sorted(set(board) | set(held)):
         rows = board.get(profile, [])
         table = Table(title=f"profile {profile} (quorum {quorum})")
-        for name in ("#", "val_bpb", "version", "found by", "verified by", "description"):
+        for name in ("#", "score", "gain", "version", "found by", "verified by", "description"):
             table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
         for rank, r in enumerate(rows, 1):
             table.add_row(
-                str(rank), _bpb(r["val_bpb"]), _short(r["child"]), _peer(r["found_by"]),
-                ", ".join(_peer(p) for p in r["verified_by"]), r["description"],
+                str(rank), f"{r['score']:+.4f} ± {r['se']:.4f}", f"{r['gain']:.4f} ({r['seeds']} seeds)",
+                _short(r["child"]), _peer(r["found_by"]), ", ".join(_peer(p) for p in r["verified_by"]),
+                r["description"],
             )  # fmt: skip
         for r in held.get(profile, []):
             table.add_row(
-                "held", _bpb(r["val_bpb"]), _short(r["child"]), _peer(r["author"]), "-",
+                "held", "-", f"{r['gain']:.4f}", _short(r["child"]), _peer(r["author"]), "-",
                 f"{r['description']}\n{r['reason']}",
             )  # fmt: skip
         console.print(table)

@@ -18,9 +18,9 @@ from typing import Any
 
 import sqlite_utils
 
-from node import wire
+from node import consensus, wire
 from node.identity import Identity, peer_id_from_public_key
-from node.ledger_queries import LedgerError, LedgerQueries
+from node.ledger_queries import LOOK_COLUMNS, RESULT_COLUMNS, LedgerError, LedgerQueries
 
 LEDGER_FILE = "ledger.db"  # inside the node's home
 
@@ -99,8 +99,27 @@ def _schema_2(db: sqlite_utils.Database) -> None:
     db["runs"].create_index(["child", "seed"])
 
 
+def _schema_3(db: sqlite_utils.Database) -> None:
+    """Release 3: the campaign terms the ledger judges by (baseline, quorum, members), set by
+    its node from the campaign file the user chose, never from a fact a stranger signed; and
+    every kept claim's judgement under them, kept up to date at every look that arrives
+    (`consensus.judge_claim`), so that the head reads the verified claims alone."""
+    db["terms"].create(
+        {"name": str, "organiser": str, "baseline": str, "quorum": int, "members": str,
+         "fact": str, "set_ms": int},
+        pk="name",
+    )  # fmt: skip
+    db["claims"].create(
+        {"id": str, "profile": str, "harness": str, "parent": str, "child": str, "author": str,
+         "state": str, "gain": float, "se": float, "seeds": int, "sigma": float, "peers": str,
+         "outliers": str, "disputed": int, "author_z": float, "reason": str},
+        pk="id",
+    )  # fmt: skip
+    db["claims"].create_index(["profile", "state"])
+
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_schema_1, _schema_2]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_schema_1, _schema_2, _schema_3]
 
 
 def _insert(conn: sqlite3.Connection, table: str, row: Mapping[str, Any]) -> None:
@@ -202,6 +221,9 @@ class Ledger(LedgerQueries):
             for step in MIGRATIONS[version:]:
                 step(self.db)
             self.conn.execute(f"PRAGMA user_version={max(version, len(MIGRATIONS))}")
+            self.schema_version = max(version, len(MIGRATIONS))
+            if 0 < version < 3:  # the claims a release before 3 holds, judged once
+                self._judge_claims(self.conn)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -258,6 +280,10 @@ class Ledger(LedgerQueries):
             return rejection
         if row:  # the same fact again: already stored, nothing to do
             return fact
+        if fact.kind == "campaign" and (organiser := self._organiser(conn)) not in (None, author):
+            return wire.Rejection(
+                wire.Reason.impostor, f"a campaign fact by {author}; its organiser is {organiser}"
+            )
         self._seen(conn, fact, author, now)
         conn.execute(
             "INSERT INTO facts (id, kind, campaign, author, seq, time, received, raw) "
@@ -279,6 +305,8 @@ class Ledger(LedgerQueries):
                 "parent_scores": json.dumps(parents),
                 "parent_val_bpb": sum(parents) / len(parents) if parents else None,
             })  # fmt: skip
+            if body["outcome"] == "keep":
+                self._judge_claims(conn, [fact.id])
         elif fact.kind == "verification":
             _insert(conn, "verifications", {
                 "id": fact.id, "campaign": fact.campaign, "author": author, "time": fact.time,
@@ -286,6 +314,7 @@ class Ledger(LedgerQueries):
                                         "seed", "profile", "harness", "verdict",
                                         "replay_val_bpb", "device")},
             })  # fmt: skip
+            self._judge_claims(conn, [body["result"]])
         elif fact.kind == "campaign":
             conn.execute(
                 "INSERT INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -378,6 +407,50 @@ class Ledger(LedgerQueries):
             )
         return fact
 
+    # ------------------------------------------------------------ campaign terms
+
+    def set_terms(self, terms: Mapping[str, Any]) -> None:
+        """Judge this ledger's campaign by `terms` (name, baseline, quorum, and for a campaign
+        file its organiser, members and fact id: `Campaign.terms`). The node sets them from what
+        its user chose at start; a campaign fact from anyone else is refused from then on."""
+        if self.campaign is not None and terms["name"] != self.campaign:
+            raise LedgerError(f"terms of campaign {terms['name']} for a ledger of {self.campaign}")
+        members = terms.get("members")
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO terms VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (terms["name"], terms.get("organiser"), terms["baseline"], int(terms["quorum"]),
+                 None if members is None else json.dumps(sorted(members)), terms.get("fact"),
+                 _now_ms()),
+            )  # fmt: skip
+            self._judge_claims(conn)  # the rules changed: every claim is judged again
+
+    def _judge_claims(self, conn: sqlite3.Connection, ids: Iterable[str] | None = None) -> None:
+        """Judge the kept claims `ids` (None: all) again from their looks, under the terms, and
+        keep each judgement in `claims`: one claim's looks only, so a look costs its claim alone."""
+        where = "" if ids is None else f" AND id IN ({', '.join('?' * len(ids := list(ids)))})"
+        claims = self.rows(f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'{where}",
+                           ids or ())  # fmt: skip
+        for claim in claims:
+            looks = self.rows(
+                f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
+            )
+            j = consensus.judge_claim(claim, looks, self.rules(claim["profile"]))
+            conn.execute(
+                "INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (claim["id"], claim["profile"], claim["harness"], claim["parent"], claim["child"],
+                 claim["author"], j.state, j.gain, j.se, j.seeds, j.sigma, json.dumps(j.peers),
+                 json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason),
+            )  # fmt: skip
+
+    def _organiser(self, conn: sqlite3.Connection) -> str | None:
+        if self.campaign is None:
+            return None
+        row = conn.execute(
+            "SELECT organiser FROM terms WHERE name = ?", (self.campaign,)
+        ).fetchone()
+        return row[0] if row else None
+
     # ------------------------------------------------------------ versions and runs
 
     def add_version(self, source: bytes, sha256: str | None = None) -> str:
@@ -428,9 +501,7 @@ class Ledger(LedgerQueries):
         Per author it gives n such that it holds every fact with seq 1..n (`head_authors`).
         """
         ids = [r[0] for r in self.conn.execute("SELECT id FROM facts")]
-        quorum = self.conn.execute("SELECT quorum FROM campaigns ORDER BY time LIMIT 1").fetchone()
-        board = self.leaderboard(quorum=quorum[0] if quorum else 1, limit=1)
-        best = {p: rows[0]["child"] for p, rows in board.items()}
+        best = {p: head for p in self.profiles() if (head := self.head(p)) != self.baseline()}
         return wire.head_body(ids, self.head_authors(), best)
 
     def head_authors(self) -> dict[bytes, int]:

@@ -6,8 +6,11 @@ writes. Queries that walk long lists read them a page at a time.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +18,43 @@ import msgpack
 
 from node import consensus, wire
 from node.errors import SwarmError
+from node.evidence import Judgement
 
 MAX_LINEAGE = 10_000  # steps walked back before giving up (parent links may loop)
 _PAGE = 500  # rows per query where a query walks a long list
+# What `consensus` reads of each row.
+RESULT_COLUMNS = ("id, author, time, profile, parent, child, harness, outcome, val_bpb, "
+                  "description, seeds, child_scores, parent_scores, device")  # fmt: skip
+LOOK_COLUMNS = "result, author, verdict, profile, harness, delta, seed, replay_val_bpb, device"
+
+
+@functools.cache
+def builtin_baseline() -> str:
+    """The sha256 of this version's built-in train.py: the baseline of a campaign without a file."""
+    from node.trainer import BASELINE_TRAIN_PY
+
+    return hashlib.sha256(BASELINE_TRAIN_PY.read_bytes()).hexdigest()
+
+
+_JUDGED = ("state", "gain", "se", "seeds", "sigma", "peers", "outliers", "disputed", "author_z",
+           "reason")  # fmt: skip
+
+
+def _judgement(row: Mapping[str, Any]) -> Judgement:
+    """A claim's judgement as the ledger keeps it (`claims`)."""
+    return Judgement(
+        row["state"], row["gain"], row["se"], row["seeds"], row["sigma"],
+        tuple(json.loads(row["peers"])), tuple(json.loads(row["outliers"])),
+        bool(row["disputed"]), row["author_z"], row["reason"],
+    )  # fmt: skip
+
+
+def _entry(score: consensus.Score, r: Mapping[str, Any], j: Judgement) -> dict:
+    return {"child": score.version, "parent": r["parent"], "result": r["id"],
+            "score": score.score, "se": score.se, "gain": j.gain, "gain_se": j.se,
+            "seeds": j.seeds, "steps": score.steps, "found_by": r["author"],
+            "verified_by": list(j.peers), "description": r["description"],
+            "val_bpb": r["val_bpb"], "time": r["time"], "profile": r["profile"]}  # fmt: skip
 
 
 class LedgerError(SwarmError):
@@ -30,6 +67,7 @@ class LedgerQueries:
     conn: sqlite3.Connection
     path: Path
     schema_version: int
+    campaign: str | None
 
     def rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict]:
         cur = self.conn.execute(sql, tuple(params))
@@ -87,13 +125,99 @@ class LedgerQueries:
                                  "ORDER BY rowid DESC LIMIT 1)"),
         }  # fmt: skip
 
+    # ------------------------------------------------------------ the rule, as this ledger applies it
+
+    def terms(self) -> dict | None:
+        """The campaign terms its node set (`Ledger.set_terms`); None when none were set."""
+        if self.schema_version < 3:
+            return None
+        if self.campaign is not None:
+            rows = self.rows("SELECT * FROM terms WHERE name = ?", (self.campaign,))
+        else:  # a ledger opened for reading: the campaign its node set terms for
+            rows = self.rows("SELECT * FROM terms ORDER BY set_ms DESC LIMIT 1")
+        if not rows:
+            return None
+        terms = rows[0]
+        terms["members"] = None if terms["members"] is None else json.loads(terms["members"])
+        return terms
+
+    def baseline(self) -> str:
+        """The sha256 of the train.py every lineage starts from: the campaign's, else built in."""
+        terms = self.terms()
+        return terms["baseline"] if terms else builtin_baseline()
+
+    def quorum(self) -> int:
+        terms = self.terms()
+        return terms["quorum"] if terms else 1
+
+    def rules(self, profile: str, quorum: int | None = None) -> consensus.Rules:
+        """The rules claims on `profile` are judged by: the campaign's quorum (or `quorum`) and
+        members, the profile's paired noise and replay tolerance."""
+        from node.trainer.profiles import PROFILES
+
+        terms = self.terms()
+        members = terms["members"] if terms else None
+        quorum = quorum or self.quorum()
+        known = PROFILES.get(profile)
+        if known is None:  # a profile this version does not know: judged on the defaults
+            return consensus.Rules(quorum, members=None if members is None else frozenset(members))
+        return consensus.Rules.of(known, quorum, members)
+
+    def claim_rows(self, profile: str) -> tuple[list[dict], list[dict]]:
+        """(kept results, verifications) of `profile`: every row the rule reads."""
+        results = self.rows(
+            f"SELECT {RESULT_COLUMNS} FROM results WHERE profile = ? AND outcome = 'keep'",
+            (profile,),
+        )
+        verifications = self.rows(
+            f"SELECT {LOOK_COLUMNS} FROM verifications WHERE profile = ?", (profile,)
+        )
+        return results, verifications
+
+    def standings(
+        self, profile: str, quorum: int | None = None, harness: str | None = None,
+        reach: Callable[[Mapping[str, Any]], bool] | None = None, baseline: str | None = None,
+        every: bool = False,
+    ) -> tuple[dict[str, consensus.Score], dict[str, Judgement], list[dict]]:  # fmt: skip
+        """(the versions' scores, the claims' judgements, their result rows) on `profile`, from
+        the campaign's baseline (or `baseline`) under its rules (`rules`): the verified claims
+        alone, or `every` claim. Under the terms' own quorum the judgements are the ones the
+        ledger keeps up to date at every look (`claims`); under another, judged now."""
+        rules = self.rules(profile, quorum)
+        if self.schema_version < 3 or rules.quorum != self.quorum():
+            results, verifications = self.claim_rows(profile)
+            results = consensus.versions_of(results, profile, harness)
+            judged = consensus.judge_claims(results, verifications, rules)
+        else:
+            where = "" if every else " AND c.state = 'verified'"
+            rows = self.rows(
+                f"SELECT c.*, r.time, r.description, r.val_bpb, r.outcome, r.child_scores, "
+                f"r.parent_scores, r.device FROM claims c JOIN results r ON r.id = c.id "
+                f"WHERE c.profile = ?{where}" + (" AND c.harness = ?" if harness else ""),
+                (profile, harness) if harness else (profile,),
+            )  # fmt: skip
+            results = [{k: r[k] for k in r if k not in _JUDGED} for r in rows]
+            judged = consensus.settle(
+                {r["id"]: _judgement(r) for r in rows}, {r["id"]: r for r in results}
+            )
+        scores = consensus.lineage_scores(results, judged, baseline or self.baseline(), reach)
+        return scores, judged, results
+
+    def head(
+        self, profile: str, quorum: int | None = None, harness: str | None = None,
+        reach: Callable[[Mapping[str, Any]], bool] | None = None, baseline: str | None = None,
+    ) -> str:  # fmt: skip
+        """The swarm's best train.py (sha256) of `profile`: `consensus.best_head` over this
+        ledger's facts."""
+        return consensus.head_of(self.standings(profile, quorum, harness, reach, baseline)[0])
+
     def experiments(
         self, peer: str | None = None, outcome: str | None = None, profile: str | None = None,
-        limit: int = 50, quorum: int = 1,
+        limit: int = 50, quorum: int | None = None,
     ) -> list[dict]:  # fmt: skip
         """Results, newest first, with how many peers confirmed, refuted, could not tell
-        (inconclusive) and found void each, and why a claim is held for more looks (`held`:
-        None when it is not; see `consensus.held_claims`, under `quorum`).
+        (inconclusive) and found void each, and each claim's state under the rule (`state`,
+        `gain`, `gain_se`, `seeds`, `why`; None for a result that is no claim).
 
         `peer` is a peer id or its tail (tables show the tail: every id starts 12D3KooW).
         """
@@ -117,92 +241,62 @@ class LedgerQueries:
             + " ORDER BY r.time DESC, r.id LIMIT ?"
         )
         rows = self.rows(sql, [*params, limit])
-        claimed = {r["profile"] for r in rows if r["outcome"] == "keep" and r["confirmations"]}
-        held = self.held_claims(quorum, sorted(claimed))
+        judged: dict[str, Judgement] = {}
+        for claimed in sorted({r["profile"] for r in rows if r["outcome"] == "keep"}):
+            judged.update(self.standings(claimed, quorum, every=True)[1])
         for r in rows:
-            r["held"] = held.get(r["id"])
+            j = judged.get(r["id"])
+            r.update(state=j.state if j else None, gain=j.gain if j else None,
+                     gain_se=j.se if j else None, seeds=j.seeds if j else 0,
+                     why=j.reason if j else None)  # fmt: skip
+            r["held"] = j.reason if j is not None and j.state == consensus.HELD else None
         return rows
 
-    def _confirmed(self, profile: str) -> tuple[list[dict], list[dict]]:
-        """The kept results of `profile` that some peer confirmed, and the verdicts on them that
-        `consensus` weighs: only those can be verified or held, so the rule over them is the
-        rule over every fact of the profile."""
-        results = self.rows(
-            "SELECT id, author, time, profile, parent, child, harness, val_bpb, description "
-            "FROM results r WHERE outcome = 'keep' AND profile = ? AND val_bpb IS NOT NULL "
-            "AND EXISTS (SELECT 1 FROM verifications v WHERE v.result = r.id "
-            "AND v.verdict = 'confirm')",
-            (profile,),
-        )
-        verdicts = self.rows(
-            "SELECT v.result, v.author, v.verdict, v.profile, v.harness, v.delta, v.seed "
-            "FROM verifications v JOIN results r ON r.id = v.result WHERE r.outcome = 'keep' "
-            "AND r.profile = ? AND v.verdict IN ('confirm', 'refute', 'void')",
-            (profile,),
-        )
-        return results, verdicts
-
-    def _profiles(self) -> list[str]:
+    def profiles(self) -> list[str]:
+        """The profiles this ledger holds kept claims of."""
         rows = self.conn.execute(
             "SELECT DISTINCT profile FROM results WHERE outcome = 'keep' ORDER BY profile"
         )
         return [profile for (profile,) in rows.fetchall()]
 
-    def held_claims(self, quorum: int = 1, profiles: Iterable[str] | None = None) -> dict[str, str]:
+    def held_claims(
+        self, quorum: int | None = None, profiles: Iterable[str] | None = None
+    ) -> dict[str, str]:
         """{result id: why it is held}: claims held as outliers for more looks, on `profiles`
         (default: all)."""
         held: dict[str, str] = {}
-        for profile in self._profiles() if profiles is None else profiles:
-            held.update(consensus.held_claims(*self._confirmed(profile), quorum))
+        for profile in self.profiles() if profiles is None else profiles:
+            judged = self.standings(profile, quorum)[1]
+            held.update({rid: j.reason for rid, j in judged.items() if j.state == consensus.HELD})
         return held
 
-    def held(self, quorum: int = 1) -> dict[str, list[dict]]:
-        """Per profile, the claims held as outliers (lowest claimed val_bpb first), each with why."""
+    def held(self, quorum: int | None = None) -> dict[str, list[dict]]:
+        """Per profile, the claims held as outliers (largest gain first), each with why."""
         out: dict[str, list[dict]] = {}
-        for profile in self._profiles():
-            results, verdicts = self._confirmed(profile)
-            reasons = consensus.held_claims(results, verdicts, quorum)
-            rows = sorted((r for r in results if r["id"] in reasons),
-                          key=lambda r: (r["val_bpb"], r["child"], r["id"]))  # fmt: skip
+        for profile in self.profiles():
+            _, judged, results = self.standings(profile, quorum)
+            rows = sorted((r for r in results if judged[r["id"]].state == consensus.HELD),
+                          key=lambda r: (-(judged[r["id"]].gain or 0.0), r["id"]))  # fmt: skip
             if rows:
-                out[profile] = [{**r, "reason": reasons[r["id"]]} for r in rows]
+                out[profile] = [{**r, "reason": judged[r["id"]].reason,
+                                 "gain": judged[r["id"]].gain} for r in rows]  # fmt: skip
         return out
 
-    def leaderboard(self, quorum: int = 1, limit: int = 10) -> dict[str, list[dict]]:
-        """Per profile, the best verified train.py versions, lowest val_bpb first (ties by hash).
-
-        Reads each profile's confirmed claims and their verdicts: whether a claim is verified
-        depends on the gains of every other verified claim of its profile (the outlier hold,
-        `consensus.held_claims`), so the cost follows the confirmed claims, not every result.
-        """
+    def leaderboard(self, quorum: int | None = None, limit: int = 10) -> dict[str, list[dict]]:
+        """Per profile, the best versions reached from the baseline through verified claims,
+        best score first (ties by hash): the rule of `consensus.best_head`, so the first entry
+        is the head. A score is minus the verified gains from the baseline (bpb): claimed
+        val_bpb ranks nothing. Each entry: child, parent, result (the claim that reached it),
+        score, se, gain and gain_se (its last step's), seeds, steps, found_by, verified_by (the
+        peers whose looks the gain pools), description, val_bpb (what its author claimed)."""
         board: dict[str, list[dict]] = {}
-        for profile in self._profiles():
-            results, verdicts = self._confirmed(profile)
-            verified = consensus.verified_children(results, verdicts, quorum)
-            chosen: list[str] = []
-            for r in sorted(results, key=lambda r: (r["val_bpb"], r["child"], r["id"])):
-                if r["id"] in verified and r["child"] not in chosen and len(chosen) < limit:
-                    chosen.append(r["child"])
-            if not chosen:
-                continue
-            # Every verified result of the chosen versions: who found each first, who verified it.
-            entries: dict[str, dict] = {}
-            for r in sorted(results, key=lambda r: (r["time"], r["id"])):
-                if r["id"] not in verified or r["child"] not in chosen:
-                    continue
-                entry = entries.setdefault(
-                    r["child"],
-                    {**r, "found_by": r["author"], "verified_by": set(), "result": r["id"]},
-                )
-                entry["val_bpb"] = min(entry["val_bpb"], r["val_bpb"])
-                entry["verified_by"] |= verified[r["id"]]
-            board[profile] = []
-            for child in chosen:
-                entry = entries[child]
-                entry["verified_by"] = sorted(entry["verified_by"])
-                for drop in ("author", "id", "harness"):
-                    entry.pop(drop)
-                board[profile].append(entry)
+        for profile in self.profiles():
+            scores, judged, results = self.standings(profile, quorum)
+            by_id = {r["id"]: r for r in results}
+            ranked = sorted((s for s in scores.values() if s.via is not None),
+                            key=lambda s: (s.score, s.version))[:limit]  # fmt: skip
+            if ranked:
+                board[profile] = [_entry(s, by_id[s.via], judged[s.via]) for s in ranked]
         return board
 
     def lineage(self, child: str) -> list[dict]:

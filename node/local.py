@@ -200,7 +200,6 @@ def campaign_terms(campaign: str) -> tuple[int, str]:
 
 def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
     """What the swarm found, read from the first node's ledger (they all hold the same facts)."""
-    from node.agent.adoption import best_head
     from node.ledger import Ledger, ledger_path
     from node.trainer import get_profile, harness_sha256
 
@@ -211,7 +210,7 @@ def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
         entry: dict = {"node": home.name, "home": str(home), "ledger": str(ledger_path(home))}
         if ledger_path(home).is_file():
             with Ledger(ledger_path(home), readonly=True) as ledger:
-                entry["head"] = best_head(ledger, swarm.profile, baseline, quorum, harness)
+                entry["head"] = ledger.head(swarm.profile, quorum, harness, baseline=baseline)
                 entry["experiments"] = ledger.rows(
                     "SELECT COUNT(*) AS n FROM results r JOIN facts f ON f.id = r.id "
                     "JOIN peers p ON p.peer_id = f.author WHERE r.profile = ?", (swarm.profile,)

@@ -109,8 +109,10 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     if campaign is not None:
         check_data(campaign, profile.name, tokens.manifest)
         _record_campaign(home, campaign)
-    elif moved := baseline_moved(home, config.campaign, profile.name):
-        say(moved)
+    else:
+        if moved := baseline_moved(home, config.campaign, profile.name):
+            say(moved)
+        _record_terms(home, open_terms(config.campaign, config.quorum))
     stop = stop or threading.Event()
     say(f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
         f"{len(devices)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}, "
@@ -120,7 +122,7 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
 
     def gossip() -> None:
         try:
-            run_peer(GossipConfig(home, config.listen, config.bootstrap, config.campaign, quorum=config.quorum),
+            run_peer(GossipConfig(home, config.listen, config.bootstrap, config.campaign),
                      on_ready=lambda addrs: say("listening on " + " ".join(addrs)), stop=stop)
         except BaseException as exc:  # the node cannot live without its network: stop it all
             failures.append(exc)
@@ -150,11 +152,33 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
         raise failures[0]
 
 
-def _record_campaign(home: Path, campaign: Campaign) -> None:
-    """Put the organiser's signed campaign fact in the ledger: it is gossiped on, and the ledger's
-    leaderboard reads the quorum from it."""
+def open_terms(campaign: str, quorum: int) -> dict:
+    """The terms of a campaign joined by name alone: the built-in baseline, the quorum the user
+    chose, no organiser and no members (any key counts)."""
+    from node.ledger_queries import builtin_baseline
+
+    return {"name": campaign, "organiser": None, "baseline": builtin_baseline(), "quorum": quorum,
+            "members": None, "fact": None}
+
+
+def _record_terms(home: Path, terms: dict) -> None:
+    """Judge the home's ledger by `terms`: what the user chose, never a stranger's fact."""
     from node.ledger import Ledger, ledger_path
 
+    with Ledger(ledger_path(home), campaign=terms["name"]) as ledger:
+        held = ledger.terms()
+        if held is not None and held["organiser"] != terms["organiser"]:
+            raise NodeError(f"this home's ledger belongs to campaign {held['name']} as organised by "
+                            f"{held['organiser'] or 'nobody (an open campaign)'}: use a fresh --home for this one")
+        ledger.set_terms(terms)
+
+
+def _record_campaign(home: Path, campaign: Campaign) -> None:
+    """Judge the ledger by the campaign file's terms, and put the organiser's signed campaign fact
+    in it, to be gossiped on."""
+    from node.ledger import Ledger, ledger_path
+
+    _record_terms(home, campaign.terms)
     with Ledger(ledger_path(home), campaign=campaign.name) as ledger:
         stored = ledger.ingest(campaign.fact.raw)
     if isinstance(stored, wire.Rejection):

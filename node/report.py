@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import difflib
-import hashlib
 import html
 import io
 import os
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from node import consensus
+from node import consensus, evidence
 from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import Ledger, LedgerError, ledger_path
@@ -30,7 +29,6 @@ COLOURED_PEERS = 10  # the most active peers get a colour each; the rest share g
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
            "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79"]  # fmt: skip
 OTHER_COLOUR = "#b0b0b0"
-SHIPPED_BASELINE = Path(__file__).parent / "trainer" / "train.py"
 
 
 class ReportError(SwarmError):
@@ -78,9 +76,9 @@ def open_ledger(home: Path | None, db: Path | None) -> Ledger:
 def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None = None) -> Snapshot:
     """Read what the report shows. `quorum` defaults to the campaign's, else 1."""
     read_at = int(datetime.now(timezone.utc).timestamp() * 1000) if now_ms is None else now_ms
-    campaigns = ledger.rows("SELECT name, baseline, quorum FROM campaigns ORDER BY time")
-    if quorum is None:
-        quorum = campaigns[0]["quorum"] if campaigns else 1
+    terms = ledger.terms()
+    campaigns = [terms["name"]] if terms else []
+    quorum = quorum or ledger.quorum()
     results = ledger.rows(
         "SELECT id, author, time, profile, parent, child, harness, outcome, val_bpb, description "
         "FROM results ORDER BY time, id"
@@ -88,14 +86,14 @@ def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None 
     verifications = ledger.rows(
         "SELECT result, author, verdict, profile, harness, delta, seed FROM verifications"
     )
-    kept = [r for r in results if r["outcome"] == "keep" and r["val_bpb"] is not None]
-    verified = consensus.verified_children(kept, verifications, quorum)
-    refuted = consensus.refuted_claims(kept, verifications, quorum)
-    held = consensus.held_claims(kept, verifications, quorum)
+    judged: dict = {}
+    for profile in sorted({r["profile"] for r in results if r["outcome"] == "keep"}):
+        judged.update(ledger.standings(profile, quorum, every=True)[1])
+    verified = {rid: set(j.peers) for rid, j in judged.items() if j.state == "verified"}
+    refuted = {rid for rid, j in judged.items() if j.state in ("refuted", *consensus.DISQUALIFYING)}
+    held = {rid: j.reason for rid, j in judged.items() if j.state == consensus.HELD}
     board = ledger.leaderboard(quorum, BOARD_LIMIT)
-    baselines = {c["baseline"] for c in campaigns}
-    if SHIPPED_BASELINE.is_file():  # what a node without a campaign file starts from
-        baselines.add(hashlib.sha256(SHIPPED_BASELINE.read_bytes()).hexdigest())
+    baselines = {ledger.baseline()}
     lineages = {profile: _lineage(ledger, rows[0]["child"]) for profile, rows in board.items()}
     noise = {
         r["profile"]: ledger.paired_differences(r["profile"])
@@ -107,7 +105,7 @@ def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None 
         for i, p in enumerate(peers)
     }
     return Snapshot(
-        path=str(ledger.path), read_at=read_at, campaigns=[c["name"] for c in campaigns],
+        path=str(ledger.path), read_at=read_at, campaigns=campaigns,
         quorum=quorum, results=results, verified=verified, refuted=refuted, held=held, board=board,
         lineages=lineages, baselines=baselines, peers=peers, noise=dict(sorted(noise.items())),
         colours=colours,
@@ -320,8 +318,9 @@ def _leaderboard(snap: Snapshot) -> str:
     for profile, rows in snap.board.items():
         out.append(f"<h3>profile {_e(profile)}</h3>")
         out.append(_table(f"leaderboard-{profile}",
-                          ["#", "val_bpb", "version", "found by", "verified by", "description"],
-                          [[str(rank), _bpb(r["val_bpb"]), f"<code>{_e(r['child'][:12])}</code>",
+                          ["#", "score", "gain", "version", "found by", "verified by", "description"],
+                          [[str(rank), f"{r['score']:+.4f} &plusmn; {r['se']:.4f}",
+                            f"{r['gain']:.4f} ({r['seeds']} seeds)", f"<code>{_e(r['child'][:12])}</code>",
                             _peer(r["found_by"]), ", ".join(_peer(p) for p in r["verified_by"]),
                             _e(r["description"])]
                            for rank, r in enumerate(rows, 1)]))  # fmt: skip
@@ -444,9 +443,13 @@ def render_html(snap: Snapshot, png: bytes) -> str:
 {summary}
 <img class="plot" alt="val_bpb per experiment over time" src="data:image/png;base64,{image}">
 <h2>Leaderboard</h2>
-<p>The best verified versions per profile: confirmed by at least {snap.quorum} peer(s) other
-than the author, measuring with the same harness. A claim whose gain lies far beyond any verified
-on its profile is held until it has {consensus.HOLD_LOOKS} confirming looks.</p>
+<p>The best versions per profile, reached from the baseline through verified claims. A version's
+score is its parent's minus the gain its verifiers measured (bpb, from the baseline at 0: lower is
+better); the gain pools every look by peers other than the author, with the same harness, and is
+verified by a sequential test that a change of no gain passes at most
+{evidence.ALPHA:.0%} of the time, with the {snap.quorum - 1} most favourable verifier(s) left out.
+A claimed val_bpb ranks nothing. A claim whose gain lies far beyond any verified on its profile is
+held until {consensus.HOLD_LOOKS} seeds stand behind it.</p>
 {_leaderboard(snap)}
 <h2>Lineage of the best version</h2>
 {_lineages(snap)}

@@ -11,7 +11,7 @@ import hashlib
 import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -37,6 +37,7 @@ OUTCOMES = ("keep", "discard", "crash", "void")
 # and got another score than the one claimed, by more than the profile's replay tolerance.
 VERDICTS = ("confirm", "refute", "inconclusive", "crash", "void", "misreported")
 MAX_SEEDS = 8  # paired seeds behind one result
+MAX_MEMBERS = 400  # member keys a campaign lists: 35 bytes each, within a campaign's size
 
 _UINT_MAX = (1 << 63) - 1
 _HEX = frozenset("0123456789abcdef")
@@ -71,6 +72,7 @@ class Reason(str, Enum):
     seq_backwards = "seq_backwards"
     future_time = "future_time"
     malformed = "malformed"
+    impostor = "impostor"  # a campaign fact signed by another key than the campaign's organiser
 
 
 @dataclass(frozen=True)
@@ -218,18 +220,20 @@ def _map_of(key: Check, item: Check, high: int) -> Check:
     return check
 
 
-def _record(fields: Mapping[str, Check]) -> Check:
+def _record(fields: Mapping[str, Check], optional: Collection[str] = ()) -> Check:
+    """A map with exactly `fields`, those named in `optional` allowed to be absent."""
+
     def check(value: Any, where: str) -> Problem | None:
         if not isinstance(value, dict):
             return _bad(where, "expected a map")
         for name in fields:
-            if name not in value:
+            if name not in value and name not in optional:
                 return Reason.missing_field, f"{where}.{name}"
         for name in value:
             if name not in fields:
                 return Reason.extra_field, f"{where}.{str(name)[:40]!r}"
         for name, field_check in fields.items():
-            if problem := field_check(value[name], f"{where}.{name}"):
+            if name in value and (problem := field_check(value[name], f"{where}.{name}")):
                 return problem
         return None
 
@@ -294,7 +298,11 @@ BODIES: dict[str, Check] = {
             "profiles": _list_of(_profile, 1, 16),
             "quorum": _uint(64, low=1),
             "data": _map_of(_text(32), _text(128), 16),  # e.g. tokenizer and corpus hashes
-        }
+            # The member keys, for a campaign that wants Sybil resistance: only members verify,
+            # on committees drawn by hash. Absent: an open campaign, where any key counts.
+            "members": _list_of(_key32, 1, MAX_MEMBERS),
+        },
+        optional=("members",),
     ),
     # What a node holds, so that a late joiner can ask for what it lacks (anti-entropy).
     "head": _record(
@@ -529,13 +537,18 @@ def verification_body(
 def campaign_body(
     *, name: str, organiser: bytes, program: bytes, baseline: str, profiles: list[str],
     quorum: int = 1, data: Mapping[str, str] | None = None,
+    members: Sequence[bytes] | None = None,
 ) -> dict:  # fmt: skip
-    """The body of a `campaign`: `program` is the program.md bytes the agents read."""
-    return {
+    """The body of a `campaign`: `program` is the program.md bytes the agents read; `members`
+    the member public keys (None: an open campaign)."""
+    body = {
         "name": name, "organiser": organiser, "program_sha256": content_ref(program)[0],
         "baseline": baseline, "profiles": list(profiles), "quorum": int(quorum),
         "data": dict(data or {}),
     }  # fmt: skip
+    if members is not None:
+        body["members"] = sorted(set(members))
+    return body
 
 
 def head_body(fact_ids: list[str], authors: Mapping[bytes, int], best: Mapping[str, str]) -> dict:

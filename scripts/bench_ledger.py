@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import msgpack  # noqa: E402
+
 from node import wire  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.ledger import Ledger  # noqa: E402
@@ -131,11 +133,38 @@ def main() -> int:
 
     path = workdir / "large.db"
     with Ledger(path, campaign=CAMPAIGN) as book:
+        book.set_terms({"name": CAMPAIGN, "baseline": BASELINE, "quorum": 1})
         start = time.perf_counter()
         for i in range(0, len(facts), 1000):
             book.ingest_many(facts[i : i + 1000], now_ms=2**62)
         print(f"built a {len(facts):,}-fact ledger in {time.perf_counter() - start:.1f} s "
               f"({path.stat().st_size / 2**20:.0f} MiB)")  # fmt: skip
+    with Ledger(path, campaign=CAMPAIGN) as book:
+        # Looks arriving one per commit, each for a kept claim already held: the claim is
+        # judged again from its own looks, nothing else.
+        kept = book.rows("SELECT id, author, profile FROM results WHERE outcome = 'keep' "
+                         "ORDER BY time DESC LIMIT 200")  # fmt: skip
+        late = Identity(bytes(32))
+        looks = [wire.sign(late, "verification", CAMPAIGN, i + 1, wire.verification_body(
+            result=r["id"], child_val_bpb=1.5, parent_val_bpb=1.503, seed=1000 + i,
+            profile=r["profile"], harness=book.rows("SELECT harness FROM results WHERE id = ?",
+                                                    (r["id"],))[0]["harness"], verdict="confirm"),
+            2**40).raw for i, r in enumerate(kept)]  # fmt: skip
+        per_look = []
+        for raw in looks:
+            start = time.perf_counter()
+            assert isinstance(book.ingest(raw, now_ms=2**62), wire.Fact)
+            per_look.append((time.perf_counter() - start) * 1000)
+        print(f"ingest of one look, one commit   {statistics.median(per_look):7.2f} ms median, "
+              f"{sorted(per_look)[int(0.95 * len(per_look))]:.2f} ms 95th percentile "
+              f"({len(per_look)} looks, the claim judged again)")  # fmt: skip
+        for profile in PROFILES:
+            ms, head = timed(lambda p=profile: book.head(p))
+            print(f"head, {profile:<4}                        {ms:7.1f} ms  ({head[:12]})")
+        ms, body = timed(lambda: book.head_body(), repeat=3)
+        size = len(msgpack.packb(body, use_bin_type=True))
+        print(f"head fact body                   {ms:7.1f} ms  ({size:,} bytes, "
+              f"{len(body['authors'])} authors)")  # fmt: skip
     with Ledger(path, readonly=True) as book:
         print(f"  {book.summary()['facts']}")
         ms, board = timed(lambda: book.leaderboard(quorum=1))

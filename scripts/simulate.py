@@ -4,6 +4,7 @@
 .venv/bin/python scripts/simulate.py --nodes 16 --seed 0
 .venv/bin/python scripts/simulate.py --nodes 1000 --hours 12 --json
 .venv/bin/python scripts/simulate.py --nodes 16 --malicious 0.3 --quorum 2
+.venv/bin/python scripts/simulate.py --calibrate --quorum 2   # the rule's error rates and power
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -55,7 +57,12 @@ def main() -> int:
     p.add_argument("--baseline-hours", type=float, default=None,
                    help="one node's hours to the target, for the speed-up (else it is simulated)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as JSON only")
+    p.add_argument("--calibrate", action="store_true",
+                   help="print how often claims of 0, 0.5, 1 and 2 sigmas of true gain end verified")  # fmt: skip
+    p.add_argument("--trials", type=int, default=2000, help="claims per gain, with --calibrate")
     args = p.parse_args()
+    if args.calibrate:
+        return _calibrate(args)
     if args.nodes < 1 or args.quorum < 1 or args.seeds < 1 or not 0 <= args.malicious < 1:
         p.error("need --nodes, --quorum and --seeds >= 1, and 0 <= --malicious < 1")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
@@ -71,6 +78,29 @@ def main() -> int:
             f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
             for k, v in _means(summaries).items()
         ))  # fmt: skip
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """The adoption rule's false-verification rate and power (node/simulation/calibration.py)."""
+    from node import evidence
+    from node.simulation.calibration import characteristic
+
+    verifiers = max(3, args.quorum)
+    rows = [characteristic(gain, random.Random(args.seed + i), trials=args.trials,
+                           quorum=args.quorum, verifiers=verifiers)
+            for i, gain in enumerate((0.0, 0.5, 1.0, 2.0))]  # fmt: skip
+    if args.json:
+        print(json.dumps({"quorum": args.quorum, "verifiers": verifiers, "alpha": evidence.ALPHA,
+                          "gains": [r.as_dict() for r in rows]}, indent=2))  # fmt: skip
+        return 0
+    print(f"quorum {args.quorum}, {verifiers} verifiers taking turns, one paired seed a look, "
+          f"{args.trials} claims per gain (stated false-verification rate {evidence.ALPHA:.0%})")  # fmt: skip
+    print("true gain   verified (95% interval)   refuted   unproven   seeds spent")
+    for r in rows:
+        low, high = r.interval()
+        print(f"{r.gain:5.1f} sd   {r.verified:7.1%} ({low:5.1%} to {high:5.1%})   "
+              f"{r.refuted:7.1%}   {r.unproven:8.1%}   {r.seeds:11.1f}")  # fmt: skip
     return 0
 
 

@@ -39,7 +39,7 @@ def make_result(
 
 def make_verification(
     who: Identity, seq: int, result: wire.Fact, verdict: str = "confirm", *,
-    harness: str = HARNESS, delta: float = -0.01, seed: int = 7,
+    harness: str = HARNESS, delta: float = -0.05, seed: int = 7,
 ) -> wire.Fact:  # fmt: skip
     body = wire.verification_body(
         result=result.id, child_val_bpb=1.5 + delta, parent_val_bpb=1.5, seed=seed,
@@ -50,13 +50,20 @@ def make_verification(
 
 def confirming_looks(
     who: Identity, seq: int, result: wire.Fact, looks: int = consensus.HOLD_LOOKS, *,
-    harness: str = HARNESS, delta: float = -0.01,
+    harness: str = HARNESS, delta: float = -0.05,
 ) -> list[wire.Fact]:  # fmt: skip
     """`looks` confirmations of `result` by `who`, with seqs from `seq` on, each on a fresh seed:
     by default the looks the outlier hold asks of a claim (`consensus.HOLD_LOOKS`), as the first
     verified win of a profile needs, whatever its gain."""
     return [make_verification(who, seq + i, result, harness=harness, delta=delta, seed=7 + i)
             for i in range(looks)]  # fmt: skip
+
+
+def set_terms(book, quorum: int = 1, baseline: str = BASELINE, organiser: str | None = None,
+              members: list[str] | None = None) -> None:  # fmt: skip
+    """Judge `book` (a Ledger of CAMPAIGN) as a node would that joined it: on `baseline`."""
+    book.set_terms({"name": CAMPAIGN, "organiser": organiser, "baseline": baseline,
+                    "quorum": quorum, "members": members, "fact": None})  # fmt: skip
 
 
 def vote_row(

@@ -33,20 +33,20 @@ def book(tmp_path):
         yield ledger
 
 
-def claim(book, who, seq, child, bpb, confirmers=()):
-    """A kept claim, confirmed by each of `confirmers` with the looks the outlier hold asks of a
-    profile's first win (every claim here has the same gain, so the first sets the scale)."""
+def claim(book, who, seq, child, bpb, confirmers=(), gain=0.05):
+    """A kept claim, looked at by each of `confirmers` with the looks the outlier hold asks of a
+    profile's first win, each measuring `gain` (within the hold's factor of each other here)."""
     fact = make_result(who, seq, sha(BASELINE), sha(child), bpb, profile="test")
     assert book.ingest(fact.raw) == fact
     for peer in confirmers:
-        for check in confirming_looks(peer, book.next_seq(peer.public_key), fact):
+        for check in confirming_looks(peer, book.next_seq(peer.public_key), fact, delta=-gain):
             assert book.ingest(check.raw) == check
     return fact
 
 
 def test_the_head_is_the_best_verified_win_and_other_wins_merge_onto_it(book, alice, bob, carol):
-    claim(book, alice, 1, NARROW, 1.40, [carol])
-    claim(book, bob, 1, FOUR_STEPS, 1.45, [carol])
+    claim(book, alice, 1, NARROW, 1.45, [carol], gain=0.08)  # claims less, measured more
+    claim(book, bob, 1, FOUR_STEPS, 1.40, [carol], gain=0.05)
     head = best_head(book, "test", sha(BASELINE))
     assert head == sha(NARROW)
     merges = merge_proposals(book, head, "test")
@@ -89,7 +89,7 @@ def merge_proposals_stub():
 def test_a_node_that_runs_only_trusted_code_still_weighs_claims_against_every_verified_gain(
     book, alice, bob, carol
 ):
-    claim(book, alice, 1, NARROW, 1.40, [carol])  # the profile's first win: it sets the scale
+    claim(book, alice, 1, NARROW, 1.40, [carol], gain=0.06)  # the first win: it sets the scale
     own = make_result(bob, 1, sha(BASELINE), sha(FOUR_STEPS), 1.45, profile="test")
     book.ingest(own.raw)
     book.ingest(confirming_looks(carol, 10, own, looks=1)[0].raw)  # within the factor: one look

@@ -1,394 +1,414 @@
-"""The adoption rule: verified children, the best head, the noise margin, keep and verdicts."""
+"""The adoption rule: pooled evidence per claim, its sequential test, committees, the one head."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from conftest import BASELINE, HARNESS, confirming_looks, looks_rows, make_result, vote_row
+from conftest import BASELINE, HARNESS, confirming_looks, make_result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node import consensus
+from node import consensus, evidence
 from node.consensus import (
-    HOLD_FACTOR,
+    HELD,
     HOLD_LOOKS,
     ConsensusError,
+    Rules,
     best_head,
-    held_claims,
+    committee,
+    judge_claims,
     keep_or_discard,
+    lineage_scores,
     noise_margin,
-    refuted_claims,
     rows_from_facts,
     verdict,
     verified_children,
 )
 
 V1, V2, V3 = "11" * 32, "22" * 32, "33" * 32
+SIGMA = 0.005  # the paired noise these tests judge by
+RULES = Rules(quorum=1, sigma=SIGMA, tolerance=1e-4)
 
 
-def result(rid, author, parent, child, val_bpb, outcome="keep", profile="cpu", harness="h"):
-    return {"id": rid, "author": author, "parent": parent, "child": child, "val_bpb": val_bpb,
-            "outcome": outcome, "profile": profile, "harness": harness}  # fmt: skip
+def rules(quorum: int = 1, **kw) -> Rules:
+    return Rules(quorum=quorum, sigma=SIGMA, tolerance=1e-4, **kw)
 
 
-def vote(rid, author, verdict="confirm", profile="cpu", harness="h", delta=-0.01, seed=7):
-    return vote_row(rid, author, verdict, profile=profile, harness=harness, delta=delta, seed=seed)
+def result(rid, author, parent, child, val_bpb=1.4, outcome="keep", profile="cpu", harness="h",
+           claimed=None, device="cpu"):  # fmt: skip
+    """A result row; `claimed` the author's paired gain on its one seed (child 1.5 - gain)."""
+    row = {"id": rid, "author": author, "parent": parent, "child": child, "val_bpb": val_bpb,
+           "outcome": outcome, "profile": profile, "harness": harness, "device": device}  # fmt: skip
+    if claimed is not None:
+        row.update(seeds=[1], child_scores=[1.5 - claimed], parent_scores=[1.5])
+    return row
 
 
-# The first verified win of a profile sets the outlier hold's scale, so it needs HOLD_LOOKS
-# confirming looks (`looks_rows`); later claims within HOLD_FACTOR of it need the quorum alone.
+def look(rid, author, gain=0.03, seed=7, verdict="confirm", profile="cpu", harness="h",
+         replay=None, device="cpu"):  # fmt: skip
+    """One paired look: `gain` is parent minus child on `seed` (None: no score)."""
+    return {"result": rid, "author": author, "verdict": verdict, "profile": profile,
+            "harness": harness, "delta": None if gain is None else -gain, "seed": seed,
+            "replay_val_bpb": replay, "device": device}  # fmt: skip
 
 
-def test_best_head_is_the_lowest_verified_version_reached_from_the_baseline():
-    results = [
-        result("r1", "a", BASELINE, V1, 1.50),
-        result("r2", "b", V1, V2, 1.40),
-        result("r3", "c", "ff" * 32, V3, 1.00),  # lower, but not descended from the baseline
+def looks(rid, author, gains, **kw):
+    return [look(rid, author, g, seed=100 + i, **kw) for i, g in enumerate(gains)]
+
+
+def state(results, verifications, r=RULES, rid="r1"):
+    return judge_claims(results, verifications, r)[rid].state
+
+
+# ---------------------------------------------------------------------------------------------
+# The sequential test
+
+
+def test_a_clear_win_is_verified_by_one_look_and_a_loss_is_refuted():
+    results = [result("r1", "a", BASELINE, V1)]
+    assert state(results, [look("r1", "b", gain=0.03)]) in ("verified", HELD)
+    assert state(results, looks("r1", "b", [-0.01] * 3)) == "refuted"
+    assert state(results, [look("r1", "b", gain=0.004)]) == "open"  # within one look's noise
+
+
+def test_a_small_real_gain_is_verified_as_looks_add_up():
+    results = [result("r1", "a", BASELINE, V1)]
+    rng = random.Random(3)
+    gains = [0.005 + rng.gauss(0, SIGMA) for _ in range(16)]
+    states = [state(results, looks("r1", "b", gains[:n])) for n in range(1, 17)]
+    assert states[0] == "open" and "verified" in states
+
+
+def test_the_false_verification_rate_of_a_zero_gain_claim_is_at_most_alpha():
+    """Monte Carlo: a claim of no gain, looked at one seed at a time up to the look budget by
+    three verifiers, judged after every look; verified if any judgement verified it."""
+    rng = random.Random(11)
+    results, trials, verified = [result("r1", "a", BASELINE, V1)], 600, 0
+    for _ in range(trials):
+        rows = []
+        for n in range(consensus.LOOK_BUDGET):
+            rows.append(look("r1", f"p{n % 3}", rng.gauss(0, SIGMA), seed=n))
+            s = state(results, rows)
+            if s in ("verified", HELD, "refuted"):
+                verified += s != "refuted"
+                break
+    assert verified / trials <= evidence.ALPHA
+
+
+def test_the_noise_is_never_taken_below_the_profiles_but_a_noisier_machine_raises_it():
+    results = [result("r1", "a", BASELINE, V1)]
+    quiet = judge_claims(results, looks("r1", "b", [0.01, 0.0100001]), RULES)["r1"]
+    loud = judge_claims(results, looks("r1", "b", [0.05, -0.03, 0.04, -0.02]), RULES)["r1"]
+    assert quiet.sigma == SIGMA and loud.sigma > SIGMA
+
+
+def test_a_peers_seeds_weigh_at_most_the_peer_cap():
+    results = [result("r1", "a", BASELINE, V1)]
+    many = looks("r1", "b", [0.004] * (evidence.PEER_CAP + 20))
+    assert judge_claims(results, many, RULES)["r1"].seeds == evidence.PEER_CAP
+
+
+def test_a_look_again_on_the_same_seed_is_the_same_look():
+    results = [result("r1", "a", BASELINE, V1)]
+    again = [look("r1", "b", 0.03, seed=1), look("r1", "b", 0.01, seed=1)]
+    judged = judge_claims(results, again, RULES)["r1"]
+    assert judged.seeds == 1 and judged.gain == pytest.approx(0.02)
+
+
+def test_a_verdict_is_never_final_later_looks_revoke_it():
+    results = [result("r1", "a", BASELINE, V1), result("r2", "a", V1, V2)]
+    lucky = [look("r1", "b", 0.02), *looks("r1", "c", [0.02] * 3), *looks("r2", "b", [0.03] * 3)]
+    assert best_head(results, lucky, "cpu", BASELINE, RULES) == V2
+    audits = [look("r1", f"auditor{i}", -0.01, seed=i) for i in range(8)]
+    assert state(results, lucky + audits) != "verified"
+    assert best_head(results, lucky + audits, "cpu", BASELINE, RULES) == BASELINE
+
+
+# ---------------------------------------------------------------------------------------------
+# Who counts: the author never, liars not alone, committees
+
+
+def test_the_authors_own_looks_never_count():
+    results = [result("r1", "a", BASELINE, V1)]
+    assert state(results, looks("r1", "a", [0.05] * 5)) == "open"
+
+
+@pytest.mark.parametrize("quorum", [2, 3])
+def test_quorum_minus_one_liars_alone_never_verify_a_claim(quorum):
+    """The test passes only with the quorum - 1 most favourable verifiers left out."""
+    results = [result("r1", "a", BASELINE, V1)]
+    liars = [x for i in range(quorum - 1) for x in looks("r1", f"liar{i}", [0.5] * 8)]
+    honest = looks("r1", "honest", [0.0, 0.001, -0.001])
+    assert state(results, liars + honest, rules(quorum)) != "verified"
+    real = [x for i in range(quorum) for x in looks("r1", f"h{i}", [0.03] * 3)]
+    assert state(results, real, rules(quorum)) in ("verified", HELD)
+
+
+def test_a_liar_outvoted_by_agreeing_verifiers_is_an_outlier_and_left_out():
+    results = [result("r1", "a", BASELINE, V1)]
+    rows = [
+        *looks("r1", "b", [0.03] * 2),
+        *looks("r1", "c", [0.03] * 2),
+        *looks("r1", "liar", [-0.4] * 8),
     ]
-    first = looks_rows("r1", "b")
-    votes = [*first, vote("r2", "c"), vote("r3", "a")]
-    assert best_head(results, votes, "cpu", BASELINE) == V2
-    assert best_head(results, first, "cpu", BASELINE) == V1  # r2 unverified
-    assert best_head(results, [], "cpu", BASELINE) == BASELINE
-    assert best_head(results, votes, "gpu", BASELINE) == BASELINE  # another profile
+    judged = judge_claims(results, rows, rules(2))["r1"]
+    assert judged.outliers == ("liar",) and judged.state in ("verified", HELD)
+    assert judged.gain == pytest.approx(0.03)
+
+
+def test_two_against_two_decides_nothing_and_nobody_is_an_outlier():
+    results = [result("r1", "a", BASELINE, V1)]
+    rows = [*looks("r1", "b", [0.03] * 2), *looks("r1", "c", [0.03] * 2),
+            *looks("r1", "x", [-0.2] * 8), *looks("r1", "y", [-0.2] * 8)]  # fmt: skip
+    judged = judge_claims(results, rows, rules(2))["r1"]
+    assert judged.state == "open" and judged.disputed and judged.outliers == ()
+
+
+def test_a_committee_is_drawn_by_hash_without_the_author_and_nobody_else_counts():
+    members = frozenset({"a", "b", "c", "d", "e", "f", "g"})
+    panel = committee("r1", "a", members, 3)
+    assert len(panel) == 3 and "a" not in panel and panel == committee("r1", "a", set(members), 3)
+    assert {committee(f"r{i}", "a", members, 3) for i in range(20)} != {panel}  # it varies by claim
+    outsider = next(m for m in sorted(members - {"a"}) if m not in panel)
+    r = rules(1, members=members, committee=3)
+    results = [result("r1", "a", BASELINE, V1)]
+    assert state(results, looks("r1", outsider, [0.05] * 4), r) == "open"
+    assert state(results, looks("r1", "stranger", [0.05] * 4), r) == "open"
+    assert state(results, looks("r1", panel[0], [0.05] * 4), r) in ("verified", HELD)
+
+
+# ---------------------------------------------------------------------------------------------
+# Void and misreported: what no noise explains, decided by a majority of at least the quorum
+
+
+def test_a_claim_is_void_when_the_quorum_and_a_majority_found_it_void():
+    results = [result("r1", "a", BASELINE, V1)]
+    voids = [look("r1", p, None, verdict="void") for p in ("b", "c")]
+    assert state(results, voids, rules(2)) == "void"
+    assert state(results, voids[:1], rules(2)) != "void"
+    honest = [
+        *looks("r1", "d", [0.03] * 3),
+        *looks("r1", "e", [0.03] * 3),
+        *looks("r1", "f", [0.03] * 3),
+    ]
+    assert state(results, voids + honest, rules(2)) in (
+        "verified",
+        HELD,
+    )  # two framers, three scored it
+
+
+def test_a_replay_that_differs_from_the_signed_score_makes_the_claim_misreported():
+    results = [result("r1", "a", BASELINE, V1, claimed=0.03)]  # signed child 1.47 on its seed
+    true = [look("r1", "b", 0.0, replay=1.50), look("r1", "c", 0.0, replay=1.50)]
+    judged = judge_claims(results, true, rules(2))["r1"]
+    assert judged.state == "misreported"
+    matching = [look("r1", "b", 0.03, replay=1.47), look("r1", "c", 0.03, replay=1.47)]
+    assert state(results, matching, rules(2)) != "misreported"
+    other_device = [look("r1", p, 0.0, replay=1.50, device="NVIDIA H200") for p in ("b", "c")]
+    assert (
+        state(results, other_device, rules(2)) != "misreported"
+    )  # a replay elsewhere proves nothing
+
+
+def test_a_framers_replay_against_agreeing_replays_is_an_outlier():
+    results = [result("r1", "a", BASELINE, V1, claimed=0.03)]
+    rows = [look("r1", "b", 0.03, replay=1.47), look("r1", "c", 0.03, replay=1.47),
+            look("r1", "framer", 0.03, replay=1.60)]  # fmt: skip
+    judged = judge_claims(results, rows, rules(1))["r1"]
+    assert judged.state != "misreported" and "framer" in judged.outliers
+
+
+# ---------------------------------------------------------------------------------------------
+# One head: scores from the baseline, claimed val_bpb ranks nothing
+
+
+def test_the_head_is_the_version_with_the_most_verified_gain_from_the_baseline():
+    results = [
+        result("r1", "a", BASELINE, V1, val_bpb=1.00),  # claims the lowest val_bpb
+        result("r2", "b", BASELINE, V2, val_bpb=1.45),
+        result("r3", "c", "ff" * 32, V3, val_bpb=0.5),  # not descended from the baseline
+    ]
+    rows = [
+        *looks("r1", "x", [0.01] * 8),
+        *looks("r2", "x", [0.03] * 8),
+        *looks("r3", "x", [0.1] * 8),
+    ]
+    assert best_head(results, rows, "cpu", BASELINE, RULES) == V2
+    assert best_head(results, [], "cpu", BASELINE, RULES) == BASELINE
+    assert best_head(results, rows, "gpu", BASELINE, RULES) == BASELINE  # another profile
+
+
+def test_a_versions_score_adds_its_lineages_verified_gains_with_their_errors():
+    results = [result("r1", "a", BASELINE, V1), result("r2", "b", V1, V2)]
+    rows = [*looks("r1", "c", [0.02] * 4), *looks("r2", "c", [0.01] * 4)]
+    judged = judge_claims(results, rows, RULES)
+    scores = lineage_scores(results, judged, BASELINE)
+    assert scores[V2].score == pytest.approx(-0.03) and scores[V2].steps == 2
+    assert scores[V2].se == pytest.approx((judged["r1"].se ** 2 + judged["r2"].se ** 2) ** 0.5)
+    assert scores[V2].via == "r2" and scores[BASELINE].score == 0.0
 
 
 def test_a_child_of_an_unverified_parent_is_not_head():
-    results = [result("r1", "a", BASELINE, V1, 1.5), result("r2", "b", V1, V2, 1.4)]
-    assert best_head(results, looks_rows("r2", "c"), "cpu", BASELINE) == BASELINE
+    results = [result("r1", "a", BASELINE, V1), result("r2", "b", V1, V2)]
+    assert best_head(results, looks("r2", "c", [0.05] * 4), "cpu", BASELINE, RULES) == BASELINE
 
 
 def test_ties_go_to_the_lower_hash_and_discards_never_lead():
     results = [
-        result("r1", "a", BASELINE, V2, 1.4),
-        result("r2", "b", BASELINE, V1, 1.4),
-        result("r3", "c", BASELINE, V3, 1.0, outcome="discard"),
+        result("r1", "a", BASELINE, V2), result("r2", "b", BASELINE, V1),
+        result("r3", "c", BASELINE, V3, outcome="discard"),
+    ]  # fmt: skip
+    rows = [
+        *looks("r1", "c", [0.03] * 4),
+        *looks("r2", "c", [0.03] * 4),
+        *looks("r3", "a", [0.1] * 4),
     ]
-    votes = [*looks_rows("r1", "b"), vote("r2", "a"), *looks_rows("r3", "a")]
-    assert best_head(results, votes, "cpu", BASELINE) == V1
+    assert best_head(results, rows, "cpu", BASELINE, RULES) == V1
 
 
 def test_verifications_with_another_harness_or_profile_never_count():
-    results = [result("r1", "a", BASELINE, V1, 1.5)]
-    assert verified_children(results, looks_rows("r1", "b", harness="h2")) == {}
-    assert verified_children(results, looks_rows("r1", "b", profile="gpu")) == {}
-    assert best_head(results, looks_rows("r1", "b", harness="h2"), "cpu", BASELINE) == BASELINE
-    assert best_head(results, looks_rows("r1", "b"), "cpu", BASELINE, harness="h2") == BASELINE
-    assert best_head(results, looks_rows("r1", "b"), "cpu", BASELINE) == V1
-
-
-def test_a_claim_needs_more_confirmations_than_refutations():
-    results = [result("r1", "a", BASELINE, V1, 1.5)]
-    votes = [*looks_rows("r1", "b", HOLD_LOOKS - 1), vote("r1", "c"), vote("r1", "d", "refute")]
-    assert verified_children(results, votes, quorum=1) == {"r1": {"b", "c"}}
-    assert verified_children(results, votes, quorum=2) == {"r1": {"b", "c"}}
-    assert verified_children(results, votes, quorum=3) == {}
-    tie = [*votes, vote("r1", "e", "refute")]
-    assert verified_children(results, tie, quorum=1) == {}  # a tie waits for more verifiers
-    assert refuted_claims(results, tie, quorum=2) == {"r1"}
-    assert refuted_claims(results, votes, quorum=1) == set()  # outvoted refutation
-    crash = [*looks_rows("r1", "b"), vote("r1", "c", "crash")]
-    assert verified_children(results, crash) == {"r1": {"b"}}  # a crash is no refutation
-    one_each = [*looks_rows("r1", "b"), vote("r1", "c", "refute")]
-    assert verified_children(results, one_each) == {}
-    assert refuted_claims(results, one_each) == {"r1"}
+    results = [result("r1", "a", BASELINE, V1)]
+    assert (
+        best_head(results, looks("r1", "b", [0.05] * 4, harness="h2"), "cpu", BASELINE, RULES)
+        == BASELINE
+    )
+    assert (
+        best_head(results, looks("r1", "b", [0.05] * 4), "cpu", BASELINE, RULES, harness="h2")
+        == BASELINE
+    )
+    assert best_head(results, looks("r1", "b", [0.05] * 4), "cpu", BASELINE, RULES) == V1
 
 
 def test_signed_facts_flatten_into_rows_the_rule_reads(alice, bob):
-    claim = make_result(alice, 1, BASELINE, V1, 1.42)
-    checks = confirming_looks(bob, 1, claim)
-    results, verifications = rows_from_facts([claim, *checks])
-    assert results[0]["val_bpb"] == 1.42 and results[0]["author"] == alice.peer_id
-    assert verifications[0]["result"] == claim.id and verifications[0]["harness"] == HARNESS
-    assert verifications[0]["delta"] == pytest.approx(-0.01) and verifications[0]["seed"] == 7
-    assert best_head(results, verifications, "cpu", BASELINE) == V1
-
-
-def test_noise_margin_is_k_standard_deviations_with_a_floor():
-    assert noise_margin([1.500, 1.510, 1.520], k=2) == pytest.approx(0.02)
-    assert noise_margin([1.5, 1.5, 1.5]) == consensus.DEFAULT_FLOOR
-    with pytest.raises(ConsensusError, match="at least 2"):
-        noise_margin([1.5, None])
-
-
-def test_keep_needs_a_gain_larger_than_the_margin():
-    assert keep_or_discard(1.489, 1.500, margin=0.01) == "keep"
-    assert keep_or_discard(1.495, 1.500, margin=0.01) == "discard"  # lower, but within noise
-    assert keep_or_discard(1.25, 1.5, margin=0.25) == "discard"  # exactly the margin: not more
-    assert keep_or_discard(None, 1.500, margin=0.01) == "crash"
-    assert keep_or_discard(float("nan"), 1.500, margin=0.01) == "crash"
-    with pytest.raises(ConsensusError, match="run the parent"):
-        keep_or_discard(1.4, None, margin=0.01)
-
-
-def test_a_verifier_confirms_refutes_or_reports_a_crash_from_its_own_runs():
-    assert verdict(1.45, 1.50, margin=0.01) == "confirm"
-    assert verdict(1.499, 1.50, margin=0.01) == "inconclusive"  # a gain within its noise
-    assert verdict(1.25, 1.5, margin=0.25) == "inconclusive"  # exactly the margin: not more
-    assert verdict(1.50, 1.50, margin=0.01) == "refute"  # no gain at all
-    assert verdict(1.60, 1.50, margin=0.01) == "refute"
-    assert verdict(None, 1.50, margin=0.01) == "crash"
-    assert verdict(float("nan"), 1.50, margin=0.01) == "crash"
-
-
-def test_looks_at_one_claim_weigh_their_mean_against_a_margin_shrunk_by_their_number():
-    assert verdict(1.43, 1.5, margin=0.1) == "inconclusive"  # one look: 0.07 < 0.1
-    assert verdict(1.43, 1.5, margin=0.1, earlier_gains=[0.06, 0.08]) == "confirm"  # > 0.1/sqrt(3)
-    assert verdict(1.55, 1.5, margin=0.1, earlier_gains=[0.02]) == "refute"  # mean -0.015
-    assert verdict(1.46, 1.5, margin=0.1, earlier_gains=[0.02]) == "inconclusive"  # 0.03 < 0.0707
-    assert verdict(None, 1.5, margin=0.1, earlier_gains=[0.09, 0.09]) == "crash"
-
-
-def test_an_inconclusive_verdict_counts_neither_way():
-    results = [result("r1", "alice", BASELINE, V1, 1.4)]
-    unsure = [vote("r1", "bob", "inconclusive"), vote("r1", "carol", "inconclusive")]
-    assert verified_children(results, unsure) == {}
-    assert refuted_claims(results, unsure) == set()
-    confirmed = [*unsure, *looks_rows("r1", "dave")]
-    assert verified_children(results, confirmed) == {"r1": {"dave"}}  # 1 confirms, 0 refute
-    assert best_head(results, confirmed, "cpu", BASELINE) == V1
+    fact = make_result(alice, 1, BASELINE, V1, 1.4)
+    results, verifications = rows_from_facts([fact, *confirming_looks(bob, 1, fact)])
+    assert results[0]["author"] == alice.peer_id and results[0]["val_bpb"] == 1.4
+    assert best_head(results, verifications, "cpu", BASELINE, RULES, HARNESS) == V1
 
 
 # ---------------------------------------------------------------------------------------------
-# Properties over random swarms of claims and votes
+# The outlier hold
+
+
+def test_the_first_verified_win_of_a_profile_needs_hold_looks_seeds():
+    results = [result("r1", "a", BASELINE, V1)]
+    assert state(results, [look("r1", "b", 0.05)]) == HELD
+    assert state(results, looks("r1", "b", [0.05] * HOLD_LOOKS)) == "verified"
+
+
+def test_a_gain_far_beyond_the_largest_verified_is_held_an_ordinary_one_is_not():
+    results = [
+        result("r1", "a", BASELINE, V1),
+        result("r2", "b", V1, V2),
+        result("r3", "c", V1, V3),
+    ]
+    rows = [*looks("r1", "x", [0.03] * HOLD_LOOKS), look("r2", "x", 0.5), look("r3", "x", 0.05)]
+    judged = judge_claims(results, rows, RULES)
+    assert judged["r2"].state == HELD and "the largest verified" in judged["r2"].reason
+    assert judged["r3"].state == "verified"
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties over random swarms of claims and looks
 
 PEERS = ["p0", "p1", "p2", "p3"]
 VERSIONS = [BASELINE, V1, V2, V3, "44" * 32, "55" * 32]
 
 claims = st.lists(
-    st.tuples(
-        st.sampled_from(PEERS), st.integers(0, 4), st.integers(1, 5),
-        st.sampled_from([1.2, 1.3, 1.4, 1.5]), st.sampled_from(["keep", "keep", "discard", "crash"]),
-        st.sampled_from(["h", "h", "h2"]),
-    ),
+    st.tuples(st.sampled_from(PEERS), st.integers(0, 4), st.integers(1, 5),
+              st.sampled_from(["keep", "keep", "discard", "crash"]), st.sampled_from(["h", "h", "h2"])),
     max_size=10,
 )  # fmt: skip
 votes = st.lists(
     st.tuples(st.integers(0, 9), st.sampled_from(PEERS),
-              st.sampled_from(["confirm", "confirm", "confirm", "refute", "inconclusive", "crash", "void"]),
-              st.sampled_from(["h", "h2"]), st.sampled_from([-0.01, -0.002, -0.05, None]), st.integers(0, 2)),
+              st.sampled_from(["confirm", "confirm", "refute", "inconclusive", "crash", "void"]),
+              st.sampled_from(["h", "h2"]), st.sampled_from([0.03, 0.004, -0.01, 0.08, None]),
+              st.integers(0, 3)),
     max_size=30,
 )  # fmt: skip
 
 
 def swarm(claim_list, vote_list):
     results = [
-        result(f"r{i}", author, VERSIONS[p], VERSIONS[c], None if outcome == "crash" else bpb,
-               outcome=outcome, harness=harness)
-        for i, (author, p, c, bpb, outcome, harness) in enumerate(claim_list)
-    ]  # fmt: skip
+        result(f"r{i}", author, VERSIONS[p], VERSIONS[c], outcome=outcome, harness=harness)
+        for i, (author, p, c, outcome, harness) in enumerate(claim_list)
+    ]
     verifications = [
-        vote(f"r{r % max(1, len(results))}", author, v, harness=h, delta=d, seed=seed)
-        for r, author, v, h, d, seed in vote_list
+        look(f"r{r % max(1, len(results))}", author, g, seed=seed, verdict=v, harness=h)
+        for r, author, v, h, g, seed in vote_list
     ]
     return results, verifications
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(claims, votes, st.integers(1, 3), st.randoms(use_true_random=False))
-def test_best_head_does_not_depend_on_the_order_facts_arrive_in(c, v, quorum, order):
+def test_the_head_does_not_depend_on_the_order_facts_arrive_in(c, v, quorum, order):
     results, verifications = swarm(c, v)
-    expected = best_head(results, verifications, "cpu", BASELINE, quorum)
+    expected = best_head(results, verifications, "cpu", BASELINE, rules(quorum))
     twice = results + results[: len(results) // 2]  # a fact delivered twice changes nothing
     order.shuffle(twice)
     order.shuffle(verifications)
-    assert best_head(twice, verifications, "cpu", BASELINE, quorum) == expected
+    assert best_head(twice, verifications, "cpu", BASELINE, rules(quorum)) == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(claims, votes, st.integers(1, 3))
-def test_a_claim_confirmed_only_by_its_author_is_never_verified_nor_head(c, v, quorum):
+def test_a_claim_looked_at_only_by_its_author_is_never_verified_nor_head(c, v, quorum):
     results, verifications = swarm(c, v)
     authors = {r["id"]: r["author"] for r in results}
     own = [x for x in verifications if x["author"] == authors.get(x["result"])]
-    assert verified_children(results, own, quorum) == {}
-    assert best_head(results, own, "cpu", BASELINE, quorum) == BASELINE
+    assert verified_children(results, own, rules(quorum)) == {}
+    assert best_head(results, own, "cpu", BASELINE, rules(quorum)) == BASELINE
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(claims, votes, st.integers(1, 3))
-def test_a_refuted_claim_never_becomes_head(c, v, quorum):
+def test_the_head_is_reached_only_through_claims_verified_by_quorum_peers(c, v, quorum):
     results, verifications = swarm(c, v)
-    head = best_head(results, verifications, "cpu", BASELINE, quorum)
-    by_id = {r["id"]: r for r in results}
-
-    def voters(verdict: str) -> dict[str, set[str]]:
-        out: dict[str, set[str]] = {}
-        for x in verifications:
-            r = by_id.get(x["result"])
-            if (
-                r is not None
-                and x["verdict"] == verdict
-                and x["author"] != r["author"]
-                and x["harness"] == r["harness"]
-            ):
-                out.setdefault(r["id"], set()).add(x["author"])
-        return out
-
-    refuters, confirmers = voters("refute"), voters("confirm")
-    makers = [r for r in results if r["child"] == head and r["outcome"] == "keep"]
+    judged = judge_claims(results, verifications, rules(quorum))
+    head = best_head(results, verifications, "cpu", BASELINE, rules(quorum))
     if head != BASELINE:
-        # The head is made by at least one claim confirmed by the quorum and by more peers than refute it.
-        assert any(
-            len(confirmers.get(r["id"], ())) >= quorum
-            and len(confirmers.get(r["id"], ())) > len(refuters.get(r["id"], ()))
-            for r in makers
-        )
-    verified = verified_children(results, verifications, quorum)
-    assert not set(verified) & refuted_claims(results, verifications, quorum)
-    for rid, peers in refuters.items():
-        if len(peers) >= len(confirmers.get(rid, ())):
-            assert rid not in verified
+        makers = [r for r in results if r["child"] == head and judged.get(r["id"])]
+        assert any(judged[r["id"]].state == "verified" and len(judged[r["id"]].peers) >= quorum
+                   and r["author"] not in judged[r["id"]].peers for r in makers)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
-# Void verdicts, and the hold on outlier claims
+# A node's own decisions: keep margin, its verdict label, noise
 
 
-def test_a_void_claim_is_never_verified():
-    results = [result("r1", "a", BASELINE, V1, 1.4)]
-    confirmed = [*looks_rows("r1", "c"), *looks_rows("r1", "d"), *looks_rows("r1", "e")]
-    found_void = [*confirmed, vote("r1", "b", "void", delta=None)]
-    assert set(verified_children(results, confirmed)) == {"r1"}
-    assert verified_children(results, found_void) == {}  # confirmations never outvote a void
-    assert best_head(results, found_void, "cpu", BASELINE) == BASELINE
-    assert refuted_claims(results, found_void) == set()  # 1 against 3: open for more verifiers
-    assert set(verified_children(results, found_void, quorum=2)) == {"r1"}  # 1 void of 2 needed
-    one_each = [*looks_rows("r1", "c"), vote("r1", "b", "void", delta=None)]
-    assert refuted_claims(results, one_each) == {"r1"}  # void counts against it like a refute
-    assert refuted_claims(results, [vote("r1", "b", "void"), vote("r1", "c", "refute")], 2) == {
-        "r1"
-    }
-    own = [*confirmed, vote("r1", "a", "void")]  # its author's word counts neither way
-    assert set(verified_children(results, own)) == {"r1"}
+def test_noise_margin_is_k_standard_deviations_with_a_floor():
+    assert noise_margin([1.0, 1.0]) == consensus.DEFAULT_FLOOR
+    assert noise_margin([1.0, 1.02]) == pytest.approx(2 * 0.0141421, rel=1e-4)
+    with pytest.raises(ConsensusError, match="at least 2"):
+        noise_margin([1.0])
 
 
-def test_a_peer_that_confirmed_then_found_the_claim_void_counts_as_finding_it_void():
-    results = [result("r1", "a", BASELINE, V1, 1.4)]
-    votes = [*looks_rows("r1", "b"), vote("r1", "b", "void", delta=None, seed=11)]
-    assert consensus.peer_verdicts(results, votes) == {"r1": {"b": "void"}}
-    assert verified_children(results, votes) == {} and refuted_claims(results, votes) == {"r1"}
-    crashed_later = [*looks_rows("r1", "b"), vote("r1", "b", "crash", delta=None, seed=11)]
-    assert set(verified_children(results, crashed_later)) == {"r1"}  # a crash undoes nothing
+def test_keep_needs_a_gain_larger_than_the_margin():
+    assert keep_or_discard(1.40, 1.45, 0.01) == "keep"
+    assert keep_or_discard(1.445, 1.45, 0.01) == "discard"
+    assert keep_or_discard(None, 1.45, 0.01) == "crash"
+    with pytest.raises(ConsensusError, match="run the parent"):
+        keep_or_discard(1.4, None, 0.01)
 
 
-def test_the_first_verified_win_of_a_profile_needs_the_extra_looks():
-    results = [result("r1", "a", BASELINE, V1, 1.4)]
-    short = looks_rows("r1", "b", HOLD_LOOKS - 1)
-    assert verified_children(results, short) == {} and refuted_claims(results, short) == set()
-    assert held_claims(results, short) == {
-        "r1": "held: gain 0.0100 is the first verified on cpu, which sets the scale; "
-        f"needs {HOLD_LOOKS} confirming looks, has {HOLD_LOOKS - 1}"
-    }
-    assert best_head(results, short, "cpu", BASELINE) == BASELINE
-    enough = looks_rows("r1", "b")
-    assert (
-        verified_children(results, enough) == {"r1": {"b"}} and held_claims(results, enough) == {}
-    )
-    assert best_head(results, enough, "cpu", BASELINE) == V1
-    again = [*short, vote("r1", "b", seed=7)]  # a look again on a seed it used is the same look
-    assert verified_children(results, again) == {}
-
-
-def test_an_outlier_claim_is_held_until_it_has_hold_looks_confirming_looks():
-    results = [result("small", "a", BASELINE, V1, 1.49), result("huge", "b", V1, V2, 1.2)]
-    scale = looks_rows("small", "c", delta=-0.03)  # the largest gain verified on cpu: 0.03
-    once = [*scale, vote("huge", "c", delta=-0.81)]  # 27 times that
-    assert set(verified_children(results, once)) == {"small"}
-    assert held_claims(results, once) == {
-        "huge": "held: gain 0.8100 is 27x the largest verified on cpu (0.0300); "
-        "needs 3 confirming looks, has 1"
-    }
-    assert refuted_claims(results, once) == set()  # held, not refuted
-    assert best_head(results, once, "cpu", BASELINE) == V1  # nobody builds on it yet
-    more = [*once, vote("huge", "c", delta=-0.80, seed=8), vote("huge", "d", delta=-0.82)]
-    assert set(verified_children(results, more)) == {"small", "huge"}
-    assert held_claims(results, more) == {}
-    assert best_head(results, more, "cpu", BASELINE) == V2
-
-
-def test_an_ordinary_claim_within_the_factor_is_verified_by_the_quorum_alone():
-    results = [result("r1", "a", BASELINE, V1, 1.49), result("r2", "b", V1, V2, 1.4)]
-    scale = looks_rows("r1", "c", delta=-0.03)
-    within = [*scale, vote("r2", "c", delta=-0.03 * HOLD_FACTOR)]  # exactly the factor: within
-    assert set(verified_children(results, within)) == {"r1", "r2"}
-    beyond = [*scale, vote("r2", "c", delta=-0.03 * HOLD_FACTOR - 0.001)]
-    assert set(verified_children(results, beyond)) == {"r1"}
-    other = [result("g1", "b", BASELINE, V3, 1.0, profile="gpu"), *results]
-    gpu = [*scale, vote("g1", "c", profile="gpu", delta=-0.03)]  # each profile has its own scale
-    assert set(verified_children(other, gpu)) == {"r1"} and set(held_claims(other, gpu)) == {"g1"}
-
-
-def test_a_claim_below_the_scale_is_verified_whatever_its_id_or_number_of_looks():
-    results = [result("a", "x", BASELINE, V1, 1.49), result("b", "y", BASELINE, V2, 1.48)]
-    votes = [vote("a", "c", delta=-0.01), *looks_rows("b", "c", delta=-0.02)]
-    assert set(verified_children(results, votes)) == {"a", "b"}  # 0.01 is within 3 x 0.02
-
-
-def test_a_claims_gain_is_the_median_of_its_verifiers_so_one_verifier_cannot_unhold_it():
-    results = [result("r1", "a", BASELINE, V1, 1.49), result("r2", "b", V1, V2, 1.2)]
-    scale = looks_rows("r1", "c", delta=-0.03)
-    votes = [*scale, vote("r2", "c", delta=-0.8), vote("r2", "e", delta=-0.001)]  # a friend's
-    assert held_claims(results, votes)["r2"].startswith("held: gain 0.4005 is 13.4x")
-    assert set(verified_children(results, votes)) == {"r1"}
-
-
-def test_a_verification_row_without_delta_is_a_clear_error():
-    results = [result("r1", "a", BASELINE, V1, 1.4)]
-    row = {"result": "r1", "author": "b", "verdict": "confirm", "profile": "cpu", "harness": "h"}
-    with pytest.raises(ValueError, match="delta, seed"):
-        verified_children(results, [row])
-    with pytest.raises(ValueError, match="seed"):
-        best_head(results, [{**row, "delta": -0.01}], "cpu", BASELINE)
-
-
-gains = st.lists(
-    st.tuples(st.sampled_from([0.001, 0.01, 0.02, 0.05, 0.3]), st.integers(1, 4),
-              st.sampled_from(["cpu", "gpu"])),
-    min_size=1, max_size=8,
-)  # fmt: skip
-
-
-@settings(max_examples=300, deadline=None)
-@given(gains, st.integers(1, 2), st.randoms(use_true_random=False))
-def test_the_hold_does_not_depend_on_the_order_of_the_facts(claim_list, quorum, order):
-    results = [
-        result(f"r{i}", "a", BASELINE, f"{i:064x}", 1.4, profile=profile)
-        for i, (_, _, profile) in enumerate(claim_list)
-    ]
-    verifications = [
-        vote(f"r{i}", peer, profile=profile, delta=-gain, seed=look)
-        for i, (gain, looks, profile) in enumerate(claim_list)
-        for peer in ("b", "c")[:quorum]
-        for look in range(looks)
-    ]
-    verified = verified_children(results, verifications, quorum)
-    held = held_claims(results, verifications, quorum)
-    assert not set(verified) & set(held) and not set(held) & refuted_claims(results, verifications)
-    assert set(verified) | set(held) == {r["id"] for r in results}  # each meets the quorum's rule
-    order.shuffle(results)
-    order.shuffle(verifications)
-    assert verified_children(results, verifications, quorum) == verified
-    assert held_claims(results, verifications, quorum) == held
+def test_a_verifier_labels_its_look_confirm_refute_inconclusive_or_crash():
+    assert verdict(1.40, 1.45, 0.01) == "confirm"
+    assert verdict(1.46, 1.45, 0.01) == "refute"
+    assert verdict(1.445, 1.45, 0.01) == "inconclusive"
+    assert verdict(None, 1.45, 0.01) == "crash"
+    assert verdict(1.444, 1.45, 0.01, [0.006, 0.006, 0.006]) == "confirm"  # mean of 4, margin / 2
 
 
 def test_paired_noise_pools_the_spread_of_each_pair_around_its_own_mean():
-    """A pair's true effect is the same on every seed: only its spread around its mean is noise,
-    however large the effect; a pair on one seed says nothing about noise."""
-    pairs = {
-        ("p", "a"): [-0.100, -0.104],  # a large effect, spread 0.004 (0.002 from the mean)
-        ("p", "b"): [0.010, 0.012, 0.014],  # another, spread around 0.012
-        ("p", "c"): [0.5],  # one seed: no degree of freedom
-    }
-    squares = 2 * 0.002**2 + 2 * 0.002**2
-    sigma, df = consensus.paired_noise(pairs, prior=0.01, prior_df=0)
-    assert df == 3 and sigma == pytest.approx((squares / 3) ** 0.5)
-    with_prior, _ = consensus.paired_noise(pairs, prior=0.01, prior_df=2)
-    assert with_prior == pytest.approx(((2 * 0.01**2 + squares) / 5) ** 0.5)
-    assert consensus.paired_noise({}, prior=0.01) == (0.01, 0)  # nothing measured: the prior
-    assert consensus.paired_noise({("p", "c"): [0.5]}, prior=0.0, prior_df=0) == (0.0, 0)
+    sigma, df = consensus.paired_noise(
+        {("p", "c"): [0.01, 0.03], ("p", "d"): [-0.02, -0.02]}, 0.0, 0
+    )
+    assert df == 2 and sigma == pytest.approx((0.0002 / 2) ** 0.5)
+    assert consensus.paired_noise({}, 0.004) == (0.004, 0)
 
 
 def test_the_margin_shrinks_with_the_runs_behind_a_mean_and_has_a_floor():
-    assert consensus.margin_for(0.01) == pytest.approx(0.02)
-    assert consensus.margin_for(0.01, runs=4) == pytest.approx(0.01)
-    assert consensus.margin_for(0.0001) == consensus.DEFAULT_FLOOR
+    assert consensus.margin_for(0.01, 4) == pytest.approx(0.01)
+    assert consensus.margin_for(0.0001, 1) == consensus.DEFAULT_FLOOR

@@ -16,9 +16,9 @@ from conftest import (
     CAMPAIGN,
     T0,
     confirming_looks,
-    looks_rows,
     make_result,
     make_verification,
+    set_terms,
     vote_row,
 )
 from hypothesis import given, settings
@@ -36,6 +36,7 @@ V1, V2, V3 = "11" * 32, "22" * 32, "33" * 32
 @pytest.fixture
 def book(tmp_path) -> Ledger:
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as opened:
+        set_terms(opened)
         yield opened
 
 
@@ -178,13 +179,13 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
     monkeypatch.undo()
     calls = []
 
-    def step_3(db):
-        calls.append(3)
+    def step_4(db):
+        calls.append(4)
         db["results"].add_column("note", str)
 
-    monkeypatch.setattr(ledger, "MIGRATIONS", [*ledger.MIGRATIONS, step_3])
+    monkeypatch.setattr(ledger, "MIGRATIONS", [*ledger.MIGRATIONS, step_4])
     with Ledger(tmp_path / "l.db") as v3:
-        assert v3.schema_version == 3
+        assert v3.schema_version == 4 and "terms" in v3.db.table_names()
         assert {"seeds", "parent_scores", "device", "budget", "note"} <= set(
             v3.db["results"].columns_dict
         )
@@ -195,7 +196,7 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
         v3.ingest(make_result(alice, 1, BASELINE, V1, 1.4).raw)  # a new fact in the old ledger
         assert _count(v3, "results") == 2
     Ledger(tmp_path / "l.db").close()
-    assert calls == [3]
+    assert calls == [4]
 
 
 # ---------------------------------------------------------------- leaderboard and lineage
@@ -204,14 +205,14 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
 OTHER = "cd" * 32  # another harness
 
 
-def test_only_confirmations_by_other_peers_with_the_same_harness_verify(book, alice, bob, carol):
+def test_only_looks_by_other_peers_with_the_same_harness_verify(book, alice, bob, carol):
     win = make_result(alice, 1, BASELINE, V1, 1.40)
     book.ingest_many(
         [
             win.raw,
             *(f.raw for f in confirming_looks(alice, 2, win)),  # the author vouching for itself
             *(f.raw for f in confirming_looks(bob, 1, win, harness=OTHER)),  # measured differently
-            make_verification(carol, 1, win, "refute", harness=OTHER).raw,  # so is this refutation
+            make_verification(carol, 1, win, "refute", harness=OTHER, delta=0.05).raw,  # so is this
         ]
     )
     assert book.leaderboard() == {}
@@ -220,59 +221,84 @@ def test_only_confirmations_by_other_peers_with_the_same_harness_verify(book, al
     assert [e["child"] for e in board["cpu"]] == [V1]
     assert board["cpu"][0]["found_by"] == alice.peer_id
     assert board["cpu"][0]["verified_by"] == [bob.peer_id]
+    assert board["cpu"][0]["gain"] == pytest.approx(0.05) and board["cpu"][0]["seeds"] == 3
+    assert board["cpu"][0]["score"] == pytest.approx(-0.05)
     assert book.leaderboard(quorum=2) == {}
 
 
-def test_a_refutation_by_the_quorum_keeps_a_claim_off_the_leaderboard(book, alice, bob, carol):
+def test_looks_that_measure_no_gain_revoke_a_claim(book, alice, bob, carol):
     win = make_result(alice, 1, BASELINE, V1, 1.40)
-    book.ingest_many([win.raw, *(f.raw for f in confirming_looks(bob, 1, win))])
+    book.ingest_many([win.raw, *(f.raw for f in confirming_looks(bob, 1, win, delta=-0.03))])
     assert [e["child"] for e in book.leaderboard()["cpu"]] == [V1]
-    book.ingest(make_verification(carol, 1, win, "refute").raw)
-    assert book.leaderboard() == {}  # as consensus.verified_children rules: a refuted claim never counts
-    assert [e["child"] for e in book.leaderboard(quorum=2).get("cpu", [])] == []
+    book.ingest_many(
+        [make_verification(carol, i, win, "refute", delta=0.02, seed=i).raw for i in range(1, 9)]
+    )
+    assert book.leaderboard() == {}  # the pooled gain is no longer verified: the head moves back
+    assert book.head("cpu") == BASELINE
 
 
 def test_a_quorum_counts_distinct_peers(book, alice, bob, carol):
     win = make_result(alice, 1, BASELINE, V1, 1.40)
-    book.ingest_many(
-        [win.raw, make_verification(bob, 1, win).raw, make_verification(bob, 2, win, seed=8).raw]
-    )
-    assert book.leaderboard(quorum=2) == {}  # two looks, one peer
-    book.ingest(make_verification(carol, 1, win).raw)
+    book.ingest_many([win.raw, *(f.raw for f in confirming_looks(bob, 1, win, looks=4))])
+    assert book.leaderboard(quorum=2) == {}  # four looks, one peer
+    book.ingest_many([f.raw for f in confirming_looks(carol, 1, win)])
     assert book.leaderboard(quorum=2)["cpu"][0]["verified_by"] == sorted(
         [bob.peer_id, carol.peer_id]
     )
 
 
-def test_the_leaderboard_ranks_by_val_bpb_then_hash_and_ignores_arrival_order(tmp_path, alice, bob):
-    wins = [
-        make_result(alice, 1, BASELINE, V3, 1.30),
-        make_result(alice, 2, BASELINE, V2, 1.30),
-        make_result(alice, 3, BASELINE, V1, 1.45),
-        make_result(alice, 4, BASELINE, "44" * 32, 1.10, outcome="discard"),
-        make_result(alice, 5, BASELINE, "55" * 32, 1.00, profile="gpu"),
+def test_the_campaign_terms_set_the_quorum_and_baseline_and_no_stranger_can(tmp_path, alice, bob):
+    book = Ledger(tmp_path / "fresh.db", campaign=CAMPAIGN)
+    assert book.terms() is None and book.quorum() == 1
+    book.set_terms({"name": CAMPAIGN, "organiser": alice.peer_id, "baseline": BASELINE, "quorum": 2,
+                    "members": None, "fact": None})  # fmt: skip
+    assert book.quorum() == 2 and book.baseline() == BASELINE and book.rules("cpu").quorum == 2
+    forged = wire.sign(bob, "campaign", CAMPAIGN, 1, wire.campaign_body(
+        name=CAMPAIGN, organiser=bob.public_key, program=b"p", baseline=V1, profiles=["cpu"],
+        quorum=64), T0 - 10**9)  # fmt: skip
+    assert book.ingest(forged.raw).reason is Reason.impostor
+    assert book.quorum() == 2 and book.baseline() == BASELINE
+    own = wire.sign(alice, "campaign", CAMPAIGN, 1, wire.campaign_body(
+        name=CAMPAIGN, organiser=alice.public_key, program=b"p", baseline=BASELINE,
+        profiles=["cpu"], quorum=2), T0)  # fmt: skip
+    assert book.ingest(own.raw) == own
+    book.close()
+
+
+def test_the_leaderboard_ranks_by_verified_gain_then_hash_and_ignores_arrival_order(
+    tmp_path, alice, bob
+):
+    wins = [  # claimed val_bpb ranks nothing: the verifiers' gains do
+        (make_result(alice, 1, BASELINE, V3, 1.00), -0.05),
+        (make_result(alice, 2, BASELINE, V2, 1.40), -0.05),
+        (make_result(alice, 3, BASELINE, V1, 1.45), -0.08),
+        (make_result(alice, 4, BASELINE, "44" * 32, 1.10, outcome="discard"), -0.2),
+        (make_result(alice, 5, BASELINE, "55" * 32, 1.00, profile="gpu"), -0.05),
     ]
-    facts = [f.raw for w in wins for f in (w,)] + [
-        f.raw for i, w in enumerate(wins) for f in confirming_looks(bob, 1 + 3 * i, w)
+    facts = [w.raw for w, _ in wins] + [
+        f.raw for i, (w, d) in enumerate(wins) for f in confirming_looks(bob, 1 + 3 * i, w, delta=d)
     ]
     boards = []
     for order in range(3):
         random.Random(order).shuffle(facts)
         with Ledger(tmp_path / f"{order}.db", campaign=CAMPAIGN) as book:
+            set_terms(book)
             book.ingest_many(facts)
             boards.append(book.leaderboard())
     assert boards[0] == boards[1] == boards[2]
-    assert [e["child"] for e in boards[0]["cpu"]] == [V2, V3, V1]
+    assert [e["child"] for e in boards[0]["cpu"]] == [V1, V2, V3]
     assert [e["child"] for e in boards[0]["gpu"]] == ["55" * 32]
 
 
-def test_verified_children_is_a_pure_rule_over_plain_records():
-    results = [{"id": "r", "author": "a", "profile": "cpu", "harness": "h"}]
-    verifications = [*looks_rows("r", "b", 2), vote_row("r", "c"), vote_row("r", "a")]
-    assert consensus.verified_children(results, verifications, 2) == {"r": {"b", "c"}}
-    assert consensus.verified_children(results, verifications, 3) == {}
-    with pytest.raises(ValueError):
-        consensus.verified_children(results, verifications, 0)
+def test_the_leaderboard_lists_only_versions_reached_from_the_baseline(book, alice, bob):
+    """A verified child of an unverified parent is on no board: one rule for every "best"."""
+    first = make_result(alice, 1, BASELINE, V1, 1.4)
+    second = make_result(alice, 2, V1, V2, 1.3)
+    book.ingest_many([first.raw, second.raw, *(f.raw for f in confirming_looks(bob, 1, second))])
+    assert book.leaderboard() == {} and book.head("cpu") == BASELINE
+    book.ingest_many([f.raw for f in confirming_looks(bob, 4, first)])
+    assert [e["child"] for e in book.leaderboard()["cpu"]] == [V2, V1]
+    assert book.head("cpu") == V2 == book.leaderboard()["cpu"][0]["child"]
 
 
 def test_lineage_walks_back_to_the_baseline_with_deltas(book, alice, bob):
@@ -412,7 +438,7 @@ def test_an_empty_ledger_summarises_to_zeroes(book):
     assert book.leaderboard() == {} and book.peers() == [] and book.experiments() == []
 
 
-def test_the_leaderboard_pages_past_many_better_unverified_claims(book, alice, bob):
+def test_the_leaderboard_passes_over_many_better_unverified_claims(book, alice, bob):
     claims = [make_result(alice, i, BASELINE, f"{i:064x}", 1.0 + i / 1000) for i in range(1, 40)]
     verified = make_result(alice, 40, BASELINE, V3, 1.3)
     looks = confirming_looks(bob, 1, verified)  # the profile's first win: the hold's looks
@@ -440,16 +466,18 @@ def test_a_node_publishes_its_own_facts_with_consecutive_seqs(book, alice, bob):
 )  # fmt: skip
 def test_verified_children_does_not_depend_on_the_order_of_facts(votes, quorum, order):
     results = [
-        {"id": f"r{i}", "author": f"p{i % 3}", "profile": "cpu", "harness": "h"} for i in range(6)
-    ]
+        {"id": f"r{i}", "author": f"p{i % 3}", "profile": "cpu", "harness": "h", "parent": BASELINE,
+         "child": f"{i:064x}", "outcome": "keep"} for i in range(6)
+    ]  # fmt: skip
     verifications = [
-        vote_row(f"r{r}", f"p{a}", v, harness=h, delta=-0.01 * (1 + r), seed=seed)
+        vote_row(f"r{r}", f"p{a}", v, harness=h, delta=-0.02 * (1 + r), seed=seed)
         for r, a, v, h, seed in votes
     ]
-    expected = consensus.verified_children(results, verifications, quorum)
+    rules = consensus.Rules(quorum, sigma=0.005)
+    expected = consensus.verified_children(results, verifications, rules)
     order.shuffle(results)
     order.shuffle(verifications)
-    assert consensus.verified_children(results, verifications, quorum) == expected
+    assert consensus.verified_children(results, verifications, rules) == expected
     for rid, peers in expected.items():
         author = next(r["author"] for r in results if r["id"] == rid)
         assert len(peers) >= quorum and author not in peers

@@ -10,7 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BASELINE, CAMPAIGN, T0, confirming_looks, make_result, make_verification
+from conftest import (
+    BASELINE,
+    CAMPAIGN,
+    T0,
+    confirming_looks,
+    make_result,
+    make_verification,
+    set_terms,
+)
 from typer.testing import CliRunner
 
 from node import wire
@@ -40,6 +48,7 @@ def home(tmp_path, alice, bob) -> Path:
         profiles=["cpu"], quorum=1, data={"tokenizer": "ab" * 32},
     )  # fmt: skip
     with Ledger(ledger_path(tmp_path), campaign=CAMPAIGN) as book:
+        set_terms(book, organiser=alice.peer_id)
         book.publish(alice, "campaign", campaign, T0)
         # The profile's first win has the looks the outlier hold asks; the second is within
         # HOLD_FACTOR of its gain, so one look verifies it.
@@ -113,7 +122,7 @@ def test_leaderboard_shows_verified_versions_with_finder_and_verifiers(home, ali
         == {}
     )
     table = swarm("ledger", "leaderboard", "--home", str(home))
-    assert "profile cpu" in table and "1.4500" in table and bob.peer_id[-8:] in table
+    assert "profile cpu" in table and "-0.0800 ± 0.0081" in table and bob.peer_id[-8:] in table
 
 
 def test_void_runs_and_verdicts_and_a_held_claim_show_as_such(tmp_path, alice, bob, carol):
@@ -122,6 +131,7 @@ def test_void_runs_and_verdicts_and_a_held_claim_show_as_such(tmp_path, alice, b
     void = make_result(carol, 1, V1, "33" * 32, None, outcome="void", description="peeks ahead")
     side = make_result(alice, 3, V1, "44" * 32, 1.40, description="side")
     with Ledger(ledger_path(tmp_path), campaign=CAMPAIGN) as book:
+        set_terms(book)
         book.ingest_many(
             [scale.raw, outlier.raw, void.raw, side.raw,
              *(f.raw for f in confirming_looks(bob, 1, scale)),
@@ -142,8 +152,8 @@ def test_void_runs_and_verdicts_and_a_held_claim_show_as_such(tmp_path, alice, b
     }
     assert rows["side"]["voids"] == 1 and rows["wider MLP"]["held"] is None
     assert rows["too good"]["held"] == (
-        "held: gain 0.5000 is 50x the largest verified on cpu (0.0100); "
-        "needs 3 confirming looks, has 1"
+        "held: gain 0.5000 is 10x the largest verified on cpu (0.0500); "
+        "needs 3 seeds from its verifiers, has 1"
     )
     assert "held: gain" in swarm("ledger", "experiments", "--home", home)
     board = json.loads(swarm("ledger", "leaderboard", "--home", home, "--json"))

@@ -17,7 +17,15 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import CAMPAIGN, HARNESS, T0, confirming_looks, make_result, make_verification
+from conftest import (
+    CAMPAIGN,
+    HARNESS,
+    T0,
+    confirming_looks,
+    make_result,
+    make_verification,
+    set_terms,
+)
 from typer.testing import CliRunner
 
 from node import wire
@@ -65,9 +73,11 @@ def ledger_file(tmp_path, alice, bob, carol) -> Path:
                     time_ms=at(5)),
         make_result(bob, 4, BASE, V6, 1.20, profile="gpu", description="gpu try", time_ms=at(7)),
         *confirming_looks(bob, 5, first), make_verification(carol, 1, second, delta=-0.03),
-        make_verification(bob, 3, refuted, "refute"), make_verification(alice, 4, refuted),
+        *(make_verification(bob, 8 + i, refuted, "refute", delta=0.03, seed=i) for i in range(3)),
+        make_verification(alice, 4, refuted),
     ]  # fmt: skip
     with Ledger(path, campaign=CAMPAIGN) as book:
+        set_terms(book, baseline=BASE, organiser=alice.peer_id)
         book.publish(alice, "campaign", campaign, T0)
         assert all(isinstance(f, wire.Fact) for f in book.ingest_many([f.raw for f in facts]))
         for source in (BASE_SRC, V1_SRC):
@@ -214,9 +224,9 @@ def test_page_shows_leaderboard_lineage_peers_and_noise(ledger_file, tmp_path, a
     assert page.body()["data-plot-width"] == str(width)
 
     assert page.tables["leaderboard-cpu"][1:] == [
-        ["1", "1.4500", V2[:12], tail(alice), tail(carol), HOSTILE],
-        ["2", "1.5000", V1[:12], tail(alice), tail(bob), "wider MLP"],
-    ]  # Carol's 1.44 was refuted by Bob (whatever Alice says): not on the board
+        ["1", "-0.0800 ± 0.0081", "0.0300 (1 seeds)", V2[:12], tail(alice), tail(carol), HOSTILE],
+        ["2", "-0.0500 ± 0.0040", "0.0500 (3 seeds)", V1[:12], tail(alice), tail(bob), "wider MLP"],
+    ]  # Carol's 1.44 was refuted by Bob's looks (whatever Alice says): not on the board
     assert "leaderboard-gpu" not in page.tables  # Bob's gpu claim is unverified
 
     lineage = page.text["lineage-cpu"]
@@ -227,7 +237,7 @@ def test_page_shows_leaderboard_lineage_peers_and_noise(ledger_file, tmp_path, a
     peers = {row[1]: row[2:] for row in page.tables["peers"][1:]}
     # experiments, kept, discarded, crashed, void, claims verified, claims refuted, verifications made
     assert peers[alice.peer_id] == ["2", "2", "0", "0", "0", "2", "0", "1"]
-    assert peers[bob.peer_id] == ["2", "1", "1", "0", "0", "0", "0", "4"]
+    assert peers[bob.peer_id] == ["2", "1", "1", "0", "0", "0", "0", "6"]
     assert peers[carol.peer_id] == ["2", "1", "0", "1", "0", "0", "1", "1"]
 
     noise = {row[0]: row[1:] for row in page.tables["noise"][1:]}
@@ -350,6 +360,7 @@ def test_void_runs_and_a_held_claim_are_shown_as_such(tmp_path, alice, bob, caro
     outlier = make_result(alice, 2, V1, V2, 1.00, description="too good")
     void = make_result(carol, 1, V1, V3, None, outcome="void", description="peeks ahead")
     with Ledger(path, campaign=CAMPAIGN) as book:
+        set_terms(book, baseline=BASE)
         book.ingest_many(
             [scale.raw, outlier.raw, void.raw, *(f.raw for f in confirming_looks(bob, 1, scale)),
              make_verification(bob, 4, outlier, delta=-0.5).raw]
@@ -358,8 +369,8 @@ def test_void_runs_and_a_held_claim_are_shown_as_such(tmp_path, alice, bob, caro
     page = Page((tmp_path / "out" / "report.html").read_text())
     assert "0 crashed, 1 void; 1 verified win" in page.text["summary"]
     assert "(quorum 1); 1 held for more looks." in page.text["summary"]
-    assert [row[2] for row in page.tables["leaderboard-cpu"][1:]] == [V1[:12]]
+    assert [row[3] for row in page.tables["leaderboard-cpu"][1:]] == [V1[:12]]
     (held,) = page.tables["held"][1:]
-    assert held[2] == V2[:12] and held[4].startswith("held: gain 0.5000 is 50x the largest")
+    assert held[2] == V2[:12] and held[4].startswith("held: gain 0.5000 is 10x the largest")
     peers = {row[1]: row[2:] for row in page.tables["peers"][1:]}
     assert peers[carol.peer_id][:5] == ["1", "0", "0", "0", "1"]  # one experiment, void

@@ -288,7 +288,7 @@ def test_three_offline_nodes_converge_on_one_head_verified_by_the_quorum(
     assert len(heads) == 1 and heads != {sha(BASELINE)}, f"no verified common head after {rounds} rounds"
     head = heads.pop()
     results, verifications = swarm_rows(ledgers[0], "test")
-    verified = verified_children(results, verifications, quorum=2)
+    verified = verified_children(results, verifications, ledgers[0].rules("test", 2))
     made = [r for r in results if r["child"] == head and r["id"] in verified]
     assert made and all(len(verified[r["id"]]) >= 2 for r in made)  # two peers besides the author
     assert min(r["val_bpb"] for r in made) < 1.5 + 0.05 * math.log(2 / 3) ** 2 + 0.2 * 0.04
@@ -559,3 +559,58 @@ def test_the_nodes_speed_comes_from_its_own_runs_never_from_a_strangers_claim(bo
         book.record_run(profile="test", parent="p", child="c", outcome="ok", val_bpb=3.0,
                         description=description, harness=harness, speed=speed)  # fmt: skip
     assert worker.speed() == pytest.approx(2.1e10)
+
+
+def _verified_claim(book, author, verifier, parent: str, child: str, gain: float = 0.05) -> wire.Fact:
+    """`author`'s kept claim of `child` on `parent`, with `verifier`'s looks enough to verify it."""
+    for source in (parent, child):
+        book.add_version(source.encode())
+    body = wire.result_body(
+        parent=sha(parent), child=sha(child), diff=b"d", description="a win", profile="test",
+        harness=harness_sha256(PROFILE), seed=1, outcome="keep",
+        metrics={"val_bpb": 1.45, "steps": 1, "tokens": 1}, pairs=[(1, 1.45, 1.5)],
+    )  # fmt: skip
+    fact = wire.sign(author, "result", CAMPAIGN, book.next_seq(author.public_key), body)
+    book.ingest(fact.raw)
+    for seed in range(consensus.HOLD_LOOKS):
+        look = wire.verification_body(
+            result=fact.id, child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=100 + seed,
+            profile="test", harness=harness_sha256(PROFILE), verdict="confirm",
+        )  # fmt: skip
+        book.ingest(wire.sign(verifier, "verification", CAMPAIGN, book.next_seq(verifier.public_key), look).raw)
+    return fact
+
+
+def test_a_node_re_measures_the_head_it_adopts_as_a_look_at_its_claim(book, alice, bob, carol, tmp_path):
+    """The look pairs the head on the first seed the node builds on it with: the head runs once,
+    for the look and the research after it alike."""
+    claim = _verified_claim(book, alice, bob, BASELINE, NARROW)
+    landscape = Landscape()
+    node = researcher(book, carol, tmp_path, Scripted(SOFTCAP), landscape, verify_every=4)
+    node.start()
+    assert node.adopted == sha(NARROW) and node.head.sha256 == sha(NARROW)
+    looked = node.step()
+    assert isinstance(looked, Verified) and looked.fact.body["result"] == claim.id
+    assert looked.fact.body["seed"] == node.seeds(sha(NARROW))[0]
+    assert looked.fact.body["delta"] == pytest.approx(-0.05)
+    assert landscape.runs.count(NARROW) == 1  # the look's run of the head is the score it uses
+    step = node.step()  # research from the head: its first pair needs no new run of the head
+    assert isinstance(step, Step) and step.pairs[0][0] == node.seeds(sha(NARROW))[0]
+    seeds = [r["seed"] for r in book.rows("SELECT seed FROM runs WHERE child = ?", (sha(NARROW),))]
+    assert len(seeds) == len(set(seeds)) == landscape.runs.count(NARROW)  # never a seed twice
+
+
+def test_looks_that_revoke_an_adopted_win_move_every_node_back(book, alice, bob, carol, tmp_path):
+    """A win verified by one peer's lucky looks: the adopter's re-score and later audits find no
+    gain, the pooled evidence no longer verifies it, and the head moves back to the baseline."""
+    _verified_claim(book, alice, bob, BASELINE, SOFTCAP, gain=0.03)  # the landscape says: +0.02
+    node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=1)
+    node.start()  # adopts it, and re-scores it: one look
+    assert node.adopted == sha(SOFTCAP) and node.rescored is not None
+    audits = 0
+    while best_head(book, "test", sha(BASELINE)) != sha(BASELINE) and audits < 8:
+        assert node._audit() is not None  # a look on a fresh seed each time
+        audits += 1
+    assert best_head(book, "test", sha(BASELINE)) == sha(BASELINE) and 1 <= audits < 8
+    node.step()
+    assert node.adopted == sha(BASELINE)

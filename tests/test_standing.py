@@ -8,140 +8,136 @@ import random
 import subprocess
 import sys
 
-from conftest import (
-    BASELINE,
-    CAMPAIGN,
-    confirming_looks,
-    looks_rows,
-    make_result,
-    make_verification,
-    vote_row,
-)
+from conftest import BASELINE, CAMPAIGN, confirming_looks, make_result, make_verification
 
 from node import wire
+from node.consensus import Rules
 from node.ledger import Ledger
-from node.standing import ledger_standing, peer_standing, silenced
+from node.standing import RECOVERY, ledger_standing, peer_standing, silenced
+
+RULES = Rules(quorum=1, sigma=0.005, tolerance=1e-4)
 
 
-def claim(rid, author, outcome="keep", profile="test", harness="h"):
-    return {"id": rid, "author": author, "outcome": outcome, "profile": profile, "harness": harness}
+def rules_for(quorum: int = 1):
+    return lambda _profile: Rules(quorum=quorum, sigma=0.005, tolerance=1e-4)
 
 
-def vote(rid, author, verdict, profile="test", harness="h", seed=7):
-    delta = -0.01 if verdict in ("confirm", "inconclusive", "refute") else None
-    return vote_row(rid, author, verdict, profile=profile, harness=harness, delta=delta, seed=seed)
+def claim(rid, author, claimed=None, profile="test", harness="h"):
+    row = {"id": rid, "author": author, "outcome": "keep", "profile": profile, "harness": harness,
+           "parent": BASELINE, "child": rid.ljust(64, "0")[:64], "device": "cpu"}  # fmt: skip
+    if claimed is not None:
+        row.update(seeds=[1], child_scores=[1.5 - claimed], parent_scores=[1.5])
+    return row
 
 
-def judged(author: str, verdicts: list[str], voter: str = "v1") -> tuple[list[dict], list[dict]]:
-    """Claims by `author`, each judged by `voter` with the given verdict: once, or for a
-    confirmation with the looks the outlier hold asks of a profile's first win."""
-    results = [claim(f"{author}{i}", author) for i in range(len(verdicts))]
+def look(rid, author, gain, seed=7, verdict="confirm", replay=None, profile="test", harness="h"):
+    return {"result": rid, "author": author, "verdict": verdict, "profile": profile,
+            "harness": harness, "delta": None if gain is None else -gain, "seed": seed,
+            "replay_val_bpb": replay, "device": "cpu"}  # fmt: skip
+
+
+def looks(rid, author, gains):
+    return [look(rid, author, g, seed=100 + i) for i, g in enumerate(gains)]
+
+
+def standing_of(results, votes, quorum=1, offences=()):
+    return peer_standing(results, votes, rules_for(quorum), offences)
+
+
+def test_chance_wins_refuted_never_cost_an_honest_author_its_standing():
+    rng = random.Random(4)
+    results = [claim(f"c{i}", "honest", claimed=0.012) for i in range(6)]
+    votes = [
+        x
+        for r in results
+        for p in ("v1", "v2")
+        for x in looks(r["id"], p, [rng.gauss(0, 0.005) for _ in range(8)])
+    ]
+    s = standing_of(results, votes)["honest"]
+    assert (s.claims, s.failed, s.status) == (6, 6, "good")
+
+
+def test_looks_a_noisy_verifier_could_not_tell_from_noise_never_cost_standing():
+    rng = random.Random(2)
+    results = [claim(f"c{i}", "a") for i in range(10)]
+    votes = [x for r in results for p in ("v1", "v2", "v3")
+             for x in looks(r["id"], p, [0.03 + rng.gauss(0, 0.005) for _ in range(3)])]  # fmt: skip
+    assert silenced(standing_of(results, votes)) == set()
+
+
+def test_a_verifier_whose_looks_lie_far_outside_the_others_is_silenced_and_told_why():
+    results = [claim(f"c{i}", "a") for i in range(3)]
     votes = []
-    for i, v in enumerate(verdicts):
-        rid = f"{author}{i}"
-        votes += looks_rows(rid, voter, profile="test") if v == "confirm" else [vote(rid, voter, v)]
-    return results, votes
+    for r in results:
+        votes += looks(r["id"], "v1", [0.03] * 3) + looks(r["id"], "v2", [0.03] * 3)
+        votes += looks(r["id"], "framer", [-0.3] * 3)
+    s = standing_of(results, votes)["framer"]
+    assert s.silenced and s.outlying == 3
+    assert "looked far outside the pooled estimate of the others" in s.reasons[0]
+    assert standing_of(results, votes)["v1"].status == "good"
 
 
-def test_one_refuted_claim_does_not_cost_an_honest_peer_its_standing():
-    results, votes = judged("honest", ["refute", "confirm"])
-    standing = peer_standing(results, votes)
-    assert standing["honest"].status == "watched" and not standing["honest"].silenced
-    assert (standing["honest"].claims, standing["honest"].failed) == (2, 1)
+def test_an_author_that_claims_far_more_than_its_verifiers_measure_is_silenced():
+    results = [claim(f"c{i}", "liar", claimed=0.08) for i in range(2)]  # measured: about 0.01
+    votes = [x for r in results for p in ("v1", "v2") for x in looks(r["id"], p, [0.01] * 4)]
+    s = standing_of(results, votes)["liar"]
+    assert s.overclaimed == 2 and s.silenced
+    assert "claimed a gain far above what its verifiers measured" in s.reasons[0]
 
 
-def test_claims_a_noisy_verifier_could_not_tell_from_noise_never_cost_standing():
-    results, votes = judged("honest", ["inconclusive"] * 5)
-    standing = peer_standing(results, votes)["honest"]
-    assert (standing.claims, standing.failed, standing.status) == (0, 0, "good")
-
-
-def test_a_peer_whose_claims_mostly_fail_is_silenced_and_told_why():
-    results, votes = judged("faker", ["refute", "refute", "crash", "confirm"])
-    standing = peer_standing(results, votes)["faker"]
-    assert standing.silenced and standing.failed == 3 and standing.claims == 4
-    assert standing.reasons == ("3 of its 4 settled claims failed",)
-
-
-def test_a_rate_not_a_count_three_failures_among_many_wins_keep_standing():
-    results, votes = judged("prolific", ["refute"] * 3 + ["confirm"] * 3)
-    assert not peer_standing(results, votes)["prolific"].silenced  # 3 failed, 3 verified: not more
-    results, votes = judged("prolific", ["refute"] * 4 + ["confirm"] * 3)
-    assert peer_standing(results, votes)["prolific"].silenced
-
-
-def test_a_claim_one_verifier_refutes_and_another_cannot_run_has_failed():
-    results = [claim("c1", "faker")]
-    split = [vote("c1", "v1", "refute"), vote("c1", "v2", "crash")]
-    assert peer_standing(results, split, quorum=2)["faker"].failed == 1
-    confirmed = [*split, vote("c1", "v3", "confirm"), vote("c1", "v4", "confirm")]
-    assert peer_standing(results, confirmed, quorum=2)["faker"].failed == 0  # two against two
-
-
-def test_failures_count_only_once_the_quorum_has_settled_them():
-    results, votes = judged("faker", ["refute"] * 5)
-    assert peer_standing(results, votes, quorum=2)["faker"].claims == 0  # one refuter is not two
-    more = [vote(r["id"], "v2", "refute") for r in results]
-    assert silenced(peer_standing(results, votes + more, quorum=2)) == {"faker"}
-
-
-def test_colluders_that_confirm_failed_claims_lose_standing_honest_verifiers_do_not():
-    results, votes = judged("faker", ["refute"] * 3, voter="honest")
-    votes += [vote(r["id"], "crony", "confirm") for r in results]  # below the quorum of 2
-    votes += [vote(r["id"], "honest2", "refute") for r in results]
-    standing = peer_standing(results, votes, quorum=2)
-    assert silenced(standing) == {"faker", "crony"}
-    assert (
-        standing["crony"].false_confirms == 3
-        and "confirmed 3 claims that failed" in standing["crony"].reasons[0]
+def test_standing_recovers_once_good_evidence_outweighs_the_bad():
+    bad = [claim("bad", "a")]
+    votes = (
+        looks("bad", "v1", [0.03] * 3)
+        + looks("bad", "v2", [0.03] * 3)
+        + looks("bad", "x", [-0.3] * 3)
     )
-    assert standing["honest"].status == "good"
+    assert standing_of(bad, votes)["x"].silenced
+    good = [claim(f"g{i}", "b") for i in range(RECOVERY)]
+    for r in good:
+        votes += looks(r["id"], "v1", [0.03] * 3) + looks(r["id"], "x", [0.03] * 3)
+    s = standing_of(bad + good, votes)["x"]
+    assert (s.outlying, s.looks, s.silenced) == (1, RECOVERY, False)
 
 
-def test_a_verifier_that_once_confirmed_a_refuted_claim_keeps_standing():
-    good, good_votes = judged("a", ["confirm"] * 3, voter="noisy")
-    bad, bad_votes = judged("b", ["refute"] * 3, voter="v1")
-    bad_votes += [vote(r["id"], "v2", "refute") for r in bad]
-    bad_votes += [vote(bad[0]["id"], "noisy", "confirm")]
-    standing = peer_standing(good + bad, good_votes + bad_votes, quorum=2)
-    assert standing["noisy"].false_confirms == 1 and not standing["noisy"].silenced
+def test_colluders_two_against_two_silence_nobody():
+    """Two framers against two honest verifiers at quorum 2: the claim stays open, disputed,
+    and nobody loses standing for it: not the author, not the honest confirmers."""
+    results = [claim(f"c{i}", "author", claimed=0.03) for i in range(3)]
+    votes = []
+    for r in results:
+        for p in ("h1", "h2"):
+            votes += looks(r["id"], p, [0.03] * 2)
+        for p in ("x1", "x2"):
+            votes += looks(r["id"], p, [-0.2] * 8)
+    standing = standing_of(results, votes, quorum=2)
+    assert silenced(standing) == set()
+    assert standing["author"].failed == 0
 
 
 CHEAT = "1a2b3c4d5e6f" + "0" * 52  # a result id
 
 
-def test_one_void_verdict_silences_the_author_at_once():
-    results = [claim(CHEAT, "cheat"), *judged("cheat", ["confirm"] * 3)[0]]
-    votes = [vote(CHEAT, "v1", "void"), *judged("cheat", ["confirm"] * 3)[1]]
-    standing = peer_standing(results, votes)["cheat"]
-    assert standing.silenced and (standing.claims, standing.failed, standing.voided) == (4, 1, 1)
-    assert standing.reasons == (
-        "its claim 1a2b3c4d5e6f was found void by 1 peer(s): its score broke the harness's rules",
-    )  # no rate of failures needed: no noise voids a run
-    assert not peer_standing(results, votes, quorum=2)["cheat"].silenced  # one void of two
-    both = [*votes, vote(CHEAT, "v2", "void")]
-    assert peer_standing(results, both, quorum=2)["cheat"].silenced
-    outvoted = [*votes, *looks_rows(CHEAT, "v2", profile="test"), vote(CHEAT, "v3", "confirm")]
-    assert not peer_standing(results, outvoted)["cheat"].silenced  # 2 confirm it, 1 found it void
-
-
-def test_confirmers_of_a_claim_found_void_are_false_confirmers_unless_they_found_it_void():
-    results = [claim(f"{i}{CHEAT[1:]}", "cheat") for i in range(3)]
-    votes = []
-    for r in results:
-        votes += [
-            vote(r["id"], "v1", "void"),
-            vote(r["id"], "v2", "void"),
-            vote(r["id"], "crony", "confirm"),
-        ]
-        votes += [vote(r["id"], "v3", "confirm"), vote(r["id"], "v3", "void", seed=8)]  # fmt: skip
-    standing = peer_standing(results, votes, quorum=2)
-    assert standing["crony"].false_confirms == 3 and standing["crony"].silenced
-    assert standing["v3"].false_confirms == 0 and standing["v3"].status == "good"  # it saw it
-    assert standing["cheat"].voided == 3 and standing["cheat"].reasons[0] == (
-        "its claim 0a2b3c4d5e6f was found void by 3 peer(s): its score broke the harness's rules "
-        "(and 2 more of its claims)"
+def test_a_claim_the_quorum_found_void_silences_its_author_one_framer_does_not():
+    results = [claim(CHEAT, "cheat")]
+    one = [look(CHEAT, "v1", None, verdict="void")]
+    assert not standing_of(results, one, quorum=2)["cheat"].silenced
+    both = [*one, look(CHEAT, "v2", None, verdict="void")]
+    s = standing_of(results, both, quorum=2)["cheat"]
+    assert s.silenced and s.voided == 1
+    assert s.reasons[0].startswith(
+        "1 claim(s) found void: its score broke the harness's rules (first 1a2b3c4d5e6f)"
     )
+    outvoted = [*both, *looks(CHEAT, "v3", [0.03] * 3), *looks(CHEAT, "v4", [0.03] * 3),
+                *looks(CHEAT, "v5", [0.03] * 3)]  # fmt: skip
+    assert not standing_of(results, outvoted, quorum=2)["cheat"].silenced
+
+
+def test_replays_that_differ_from_the_signed_score_silence_the_author():
+    results = [claim(CHEAT, "liar", claimed=0.03)]  # signed child 1.47 on its seed
+    votes = [look(CHEAT, p, 0.0, replay=1.50) for p in ("v1", "v2")]
+    s = standing_of(results, votes)["liar"]
+    assert s.misreported == 1 and s.silenced
 
 
 def test_a_peers_own_void_results_cost_it_nothing(tmp_path, alice, bob, carol):
@@ -166,7 +162,7 @@ def test_refused_messages_weigh_by_kind_and_forgive_a_newer_protocol():
         {"peer_id": "junker", "reason": "junk", "count": 1},
         {"peer_id": "unknown", "reason": "malformed", "count": 99},
     ]
-    standing = peer_standing([], [], offences)
+    standing = standing_of([], [], offences=offences)
     assert silenced(standing) == {"forger", "junker"}
     assert standing["forger"].reasons == (
         "refused messages worth 20 points (bad_signature 12, replay 8)",
@@ -176,14 +172,17 @@ def test_refused_messages_weigh_by_kind_and_forgive_a_newer_protocol():
 
 
 def test_standing_does_not_depend_on_the_order_of_the_facts():
-    results, votes = judged("faker", ["refute", "refute", "crash", "confirm", "refute"])
-    votes += [vote("faker1", "crony", "confirm"), vote("faker0", "faker", "confirm")]  # own vote
-    expected = {p: s.as_dict() for p, s in peer_standing(results, votes).items()}
+    results = [claim(f"c{i}", "a", claimed=0.05) for i in range(4)]
+    votes = [x for r in results for p in ("v1", "v2", "x")
+             for x in looks(r["id"], p, [-0.3 if p == "x" else 0.01] * 3)]  # fmt: skip
+    votes += [look("c1", "a", 0.4)]  # its own look
+    expected = {p: s.as_dict() for p, s in standing_of(results, votes).items()}
+    assert expected["x"]["status"] == "silenced" and expected["a"]["overclaimed"] == 4
     rng = random.Random(5)
     for _ in range(20):
         rng.shuffle(results)
         rng.shuffle(votes)
-        assert {p: s.as_dict() for p, s in peer_standing(results, votes).items()} == expected
+        assert {p: s.as_dict() for p, s in standing_of(results, votes).items()} == expected
 
 
 def test_the_ledger_charges_a_signed_replay_to_its_author_not_the_relay(
@@ -198,7 +197,7 @@ def test_the_ledger_charges_a_signed_replay_to_its_author_not_the_relay(
         book.record_offences({(carol.peer_id, "junk"): 1})
         refuted = make_result(bob, 1, BASELINE, "33" * 32, 0.3)
         book.ingest(refuted.raw)
-        book.ingest(make_verification(carol, 1, refuted, "refute").raw)
+        book.ingest(make_verification(carol, 1, refuted, "refute", delta=0.05).raw)
         standing = ledger_standing(book)
     assert standing[alice.peer_id].offences == {"replay": 1}
     assert bob.peer_id not in standing or not standing[bob.peer_id].offences
@@ -207,7 +206,9 @@ def test_the_ledger_charges_a_signed_replay_to_its_author_not_the_relay(
     assert standing[carol.peer_id].silenced  # two junk frames and a flood: 48 points
 
 
-def test_the_gossip_layer_drops_facts_of_a_peer_that_lost_standing(tmp_path, alice, bob, carol):
+def test_the_gossip_layer_hears_a_silenced_peer_and_drops_a_banned_one(tmp_path, alice, bob, carol):
+    """A peer silenced by the evidence is still heard (its facts are how it recovers); one banned
+    for refused messages is dropped, whoever relays it."""
     from types import SimpleNamespace
 
     from libp2p.peer.id import ID
@@ -219,28 +220,30 @@ def test_the_gossip_layer_drops_facts_of_a_peer_that_lost_standing(tmp_path, ali
     def message(relay, fact):
         return SimpleNamespace(from_id=ID.from_base58(relay.peer_id).to_bytes(), data=fact.raw)
 
+    dave = Identity(bytes(range(3, 35)))
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
         node = GossipNode(GossipConfig(home=tmp_path, campaign=CAMPAIGN), Identity.generate(), book)
         fakes = [make_result(alice, seq, BASELINE, f"{seq:064x}", 0.2) for seq in (1, 2, 3)]
-        votes = [make_verification(carol, seq, f, "refute") for seq, f in enumerate(fakes, 1)]
+        votes = [make_verification(carol, seq, f, "void") for seq, f in enumerate(fakes, 1)]
         for fact in fakes + votes:
             assert node._validate(ID.from_base58(bob.peer_id), message(bob, fact))
         assert node.silenced == set()
+        book.record_offences({(dave.peer_id, "junk"): 1})
         node.update_standing()
-        assert node.silenced == {alice.peer_id}
+        assert node.silenced == {alice.peer_id, dave.peer_id} and node.banned == {dave.peer_id}
         later = make_result(alice, 4, BASELINE, "44" * 32, 0.1)
-        # Relayed by an honest peer or sent by alice herself: dropped either way, and not stored.
-        assert not node._validate(ID.from_base58(bob.peer_id), message(bob, later))
-        assert not node._validate(ID.from_base58(alice.peer_id), message(alice, later))
+        assert node._validate(ID.from_base58(bob.peer_id), message(bob, later))  # heard, stored
+        assert book.rows("SELECT id FROM facts WHERE id = ?", (later.id,))
+        junk = make_result(dave, 1, BASELINE, "66" * 32, 1.4)
+        assert not node._validate(ID.from_base58(bob.peer_id), message(bob, junk))
+        assert not node._validate(ID.from_base58(dave.peer_id), message(dave, junk))
         honest = make_result(bob, 1, BASELINE, "55" * 32, 1.4)
-        assert node._validate(ID.from_base58(bob.peer_id), message(bob, honest))
-        assert node.keep_standing([later.raw, honest.raw]) == [honest.raw]  # what sync stores
+        assert node.keep_standing([junk.raw, honest.raw]) == [honest.raw]  # what sync stores
         assert node.counts["dropped"] == 3
-        assert not book.rows("SELECT id FROM facts WHERE id = ?", (later.id,))
         status = node.status()
-        assert status["silenced"] == [alice.peer_id]
-        assert status["standing"][0]["peer"] == alice.peer_id
-        assert status["standing"][0]["reasons"] == ["3 of its 3 settled claims failed"]
+        assert alice.peer_id in status["silenced"]
+        why = next(s for s in status["standing"] if s["peer"] == alice.peer_id)["reasons"][0]
+        assert why.startswith("3 claim(s) found void: its score broke the harness's rules")
         for _ in range(3):  # the gossip layer's own refusals outlive a restart: in the ledger
             node._penalise(bob.peer_id, 0.2, "flood")
         node.update_standing()
@@ -252,10 +255,10 @@ def test_the_gossip_layer_drops_facts_of_a_peer_that_lost_standing(tmp_path, ali
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     line = next(row for row in shown.stdout.splitlines() if alice.peer_id[-12:] in row)
-    assert "silenced" in line and "3 of its 3 settled claims failed" in line
+    assert "silenced" in line and "3 claim(s) found void" in line
     assert "flood 3" in next(row for row in shown.stdout.splitlines() if bob.peer_id[-12:] in row)
     status = subprocess.run(
         [sys.executable, "-m", "node.cli", "status", "--home", str(tmp_path)],
         capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "250"},
     )  # fmt: skip
-    assert f"silenced {alice.peer_id}: 3 of its 3 settled claims failed" in status.stdout, status
+    assert f"silenced {alice.peer_id}: 3 claim(s) found void" in status.stdout, status

@@ -69,7 +69,7 @@ def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data
         for home in homes:
             with Ledger(home / "ledger.db", readonly=True) as ledger:
                 results, verifications = swarm_rows(ledger, "test")
-            verified = consensus.verified_children(results, verifications, QUORUM)
+                verified = consensus.verified_children(results, verifications, ledger.rules("test", QUORUM))
             makers = [r for r in results if r["child"] == head and r["id"] in verified]
             assert makers, "the head is made by a verified result"
             assert all(len(verified[r["id"]]) >= QUORUM and r["author"] not in verified[r["id"]] for r in makers)

@@ -1,7 +1,8 @@
 """Adoption: find the swarm's best verified head in the ledger, and turn other verified wins made
 on older parents into three-way merges onto the head, queued as this node's next candidates.
 
-The head comes from `consensus.best_head` alone. This module never publishes and never runs code.
+The head comes from the ledger's `consensus` rule alone. This module never publishes and never
+runs code.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from node import consensus
 from node.agent.errors import PatchError
 from node.agent.patch import change_hash, check_source, merge
 from node.agent.proposers import Context, Proposal, Proposer
+from node.evidence import Judgement
 from node.ledger import Ledger
 
 Trusted = Callable[[str], bool]  # may this node run code that this peer id made?
@@ -21,37 +22,26 @@ MERGE_PREFIX = "merge of "  # how a merge proposal's description starts
 
 
 def swarm_rows(ledger: Ledger, profile: str) -> tuple[list[dict], list[dict]]:
-    """(results, verifications) of `profile` from the ledger, all of them, as `consensus` reads
-    them. A node without a sandbox still reads every author's results, and reaches only through
-    those it trusts (`reach`): the outlier hold weighs a claim against every verified gain of
-    its profile, whoever made it."""
-    results = ledger.rows(
-        "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description "
-        "FROM results WHERE profile = ?",
-        (profile,),
-    )
-    verifications = ledger.rows(
-        "SELECT result, author, verdict, profile, harness, delta, seed FROM verifications "
-        "WHERE profile = ?",
-        (profile,),
-    )
-    return results, verifications
+    """(kept results, verifications) of `profile` from the ledger, all of them, as `consensus`
+    reads them. A node without a sandbox still reads every author's results, and reaches only
+    through those it trusts (`reach`): the outlier hold weighs a claim against every verified
+    gain of its profile, whoever made it."""
+    return ledger.claim_rows(profile)
 
 
-def _reach(trusted: Trusted | None) -> Callable[[Mapping[str, Any]], bool] | None:
+def reach_of(trusted: Trusted | None) -> Callable[[Mapping[str, Any]], bool] | None:
+    """The results a head may be reached through: those of `trusted` authors (None: all)."""
     return None if trusted is None else (lambda r: trusted(r["author"]))
 
 
 def best_head(
-    ledger: Ledger, profile: str, baseline: str, quorum: int = 1, harness: str | None = None,
-    trusted: Trusted | None = None,
+    ledger: Ledger, profile: str, baseline: str | None = None, quorum: int | None = None,
+    harness: str | None = None, trusted: Trusted | None = None,
 ) -> str:  # fmt: skip
-    """The sha256 of the best verified train.py of `profile` that the ledger's facts give
-    (reached through `trusted` authors' results only, when given)."""
-    results, verifications = swarm_rows(ledger, profile)
-    return consensus.best_head(
-        results, verifications, profile, baseline, quorum, harness, reach=_reach(trusted)
-    )
+    """The sha256 of the best train.py of `profile` under the ledger's campaign rules
+    (`Ledger.head`; `baseline` and `quorum` default to its terms), reached through `trusted`
+    authors' results only, when given."""
+    return ledger.head(profile, quorum, harness, reach_of(trusted), baseline)
 
 
 def descends_from(version: str, ancestor: str, kept_parent: Callable[[str], str | None]) -> bool:
@@ -84,40 +74,36 @@ def _ancestors(results: list[Mapping[str, Any]], version: str) -> set[str]:
 
 
 def merge_proposals(
-    ledger: Ledger, head: str, profile: str, quorum: int = 1, harness: str | None = None,
-    trusted: Trusted | None = None,
+    ledger: Ledger, head: str, profile: str, quorum: int | None = None,
+    harness: str | None = None, trusted: Trusted | None = None,
 ) -> list[Proposal]:  # fmt: skip
     """Verified wins made on other parents than `head`, each merged three-way onto the head
-    (its parent as the base), best claimed val_bpb first. Wins already in the head's lineage,
+    (its parent as the base), largest verified gain first. Wins already in the head's lineage,
     conflicting merges, and merges that do not compile are left out."""
-    results, verifications = swarm_rows(ledger, profile)
-    return merges_onto(
-        head, results, verifications, ledger.version, quorum, harness, reach=_reach(trusted)
-    )
+    _, judged, results = ledger.standings(profile, quorum, harness)
+    return merges_onto(head, results, judged, ledger.version, reach=reach_of(trusted))
 
 
 def merges_onto(
-    head: str, results: list[Mapping[str, Any]], verifications: list[Mapping[str, Any]],
-    version: Callable[[str], bytes | None], quorum: int = 1, harness: str | None = None,
+    head: str, results: list[Mapping[str, Any]], judged: Mapping[str, Judgement],
+    version: Callable[[str], bytes | None],
     reach: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> list[Proposal]:  # fmt: skip
-    """`merge_proposals` over given rows, with `version` giving a train.py's bytes by sha256
-    (None when not held); with `reach`, only the verified wins it accepts are merged. Pure
-    apart from what `version` does."""
+    """`merge_proposals` over given rows and their judgements (`consensus.judge_claims`), with
+    `version` giving a train.py's bytes by sha256 (None when not held); with `reach`, only the
+    verified wins it accepts are merged. Pure apart from what `version` does."""
     head_source = version(head)
     if head_source is None:
         return []
     head_text = head_source.decode()
-    kept = [
-        r for r in results
-        if r["outcome"] == "keep" and r["val_bpb"] is not None
-        and (harness is None or r["harness"] == harness)
-    ]  # fmt: skip
-    verified = consensus.verified_children(kept, verifications, quorum)
     lineage = _ancestors(results, head)
     out, seen = [], set()
-    wins = (r for r in kept if r["id"] in verified and (reach is None or reach(r)))
-    for r in sorted(wins, key=lambda r: (r["val_bpb"], r["id"])):
+    wins = [
+        r for r in results
+        if (j := judged.get(r["id"])) is not None and j.state == "verified" and j.gain is not None
+        and (reach is None or reach(r))
+    ]  # fmt: skip
+    for r in sorted(wins, key=lambda r: (-judged[r["id"]].gain, r["id"])):
         if r["child"] in lineage or r["parent"] == head:
             continue
         parent, child = version(r["parent"]), version(r["child"])

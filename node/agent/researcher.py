@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from node import consensus, wire
+from node import consensus, evidence, wire
 from node.agent import adoption
 from node.agent.crew import Crew
 from node.agent.errors import AgentError, PatchError
@@ -31,6 +31,7 @@ from node.trainer import Profile, RunResult, TokenData, harness_sha256, run_expe
 from node.trainer.compile_cache import CompileCache
 
 SPEED_RUNS = 20  # this node's latest runs behind its measured speed
+AUDIT_EVERY = 10  # every this many steps, one look at an older verified step of the head's lineage
 # Until its noise estimate has this many degrees of freedom, a node runs every experiment on
 # two seeds: each such pair is one more degree of freedom (afterwards only apparent wins are).
 CALIBRATION_DF = 4
@@ -73,6 +74,7 @@ class Researcher:
         self.sigma_df = 0  # degrees of freedom behind it (0: the profile's prior alone)
         self.head: Head | None = None
         self.adopted: str | None = None  # the last consensus head this node adopted
+        self.rescored: Verified | None = None  # the look at the adopted head's claim, if any
         self.steps = 0
         self.doing = "starting"
         self.progress: float | None = None
@@ -105,8 +107,8 @@ class Researcher:
         function of its seed, within the profile's replay tolerance), else measured now. None
         when it crashed or its harness voided it."""
         version = self.ledger.add_version(source.encode())
-        rows = self.ledger.rows(
-            "SELECT val_bpb, outcome FROM runs WHERE child = ? AND parent = child AND seed = ? "
+        rows = self.ledger.rows(  # any run of the version on the seed: a verification's too
+            "SELECT val_bpb, outcome FROM runs WHERE child = ? AND seed = ? "
             "AND profile = ? AND harness = ? ORDER BY id DESC LIMIT 1",
             (version, seed, self.profile.name, self.harness),
         )
@@ -195,6 +197,12 @@ class Researcher:
                 self.head = Head(self.baseline_source, self.score(self.baseline_source))
             return
         self.adopted = best
+        claim = self._claim_of(best)
+        if claim is not None and self.margin is not None:
+            # Every node re-measures the head it adopts, as a look at the claim that made it:
+            # on the first seed it pairs the head with, so the look's run of the head is the
+            # score it builds on, and the look costs one run of the head's parent.
+            self.rescored = self._look(self._claim_row(claim), "re-score")
         if self.head is not None and self._builds_on(self.head.sha256, best):
             return  # this node's own kept chain already starts from the new head: go on from it
         if self.head is None or self.head.sha256 != best:
@@ -209,6 +217,40 @@ class Researcher:
             self.ledger, best, self.profile.name, self.quorum, self.harness, self.trusted
         )
         self.proposer.queue_for(self.head.source, merges)
+
+    def _lineage(self) -> list[dict]:
+        """The verified claims from the baseline to the adopted head, oldest first."""
+        scores, _, results = self.ledger.standings(
+            self.profile.name, self.quorum, self.harness, adoption.reach_of(self.trusted),
+            self.baseline,
+        )  # fmt: skip
+        by_id = {r["id"]: r for r in results}
+        chain, version, seen = [], self.adopted, set()
+        while version in scores and scores[version].via is not None and version not in seen:
+            seen.add(version)
+            chain.append(by_id[scores[version].via])
+            version = scores[version].parent
+        return chain[::-1]
+
+    def _claim_of(self, version: str) -> str | None:
+        """The verified claim that made `version` in the head's lineage, unless this node made it."""
+        made = [r for r in self._lineage() if r["child"] == version]
+        return made[0]["id"] if made and made[0]["author"] != self.me.peer_id else None
+
+    def _audit(self) -> Verified | None:
+        """A look at the verified step of the head's lineage with the fewest seeds behind it,
+        among those this node did not make and has looked at fewer than `evidence.PEER_CAP`
+        times: a win adopted by mistake is revoked by such looks."""
+        _, judged, _ = self.ledger.standings(self.profile.name, self.quorum, self.harness)
+        mine = {r["result"]: r["n"] for r in self.ledger.rows(
+            "SELECT result, COUNT(*) AS n FROM verifications WHERE author = ? GROUP BY result",
+            (self.me.peer_id,))}  # fmt: skip
+        steps = [r for r in self._lineage() if r["author"] != self.me.peer_id
+                 and mine.get(r["id"], 0) < evidence.PEER_CAP and r["id"] in judged]  # fmt: skip
+        if not steps:
+            return None
+        claim = min(steps, key=lambda r: (judged[r["id"]].seeds, r["id"]))
+        return self._look(claim, "audit")
 
     def _kept_parent(self, child: str) -> str | None:
         """The parent of the first kept result that made `child` on the profile; None: none did."""
@@ -261,10 +303,12 @@ class Researcher:
         self.proposer.queue_for(better.source, [merged_in])
 
     def step(self) -> Step | Verified:
-        """One experiment: a verification of a peer's claim (every `verify_every`-th step, when
-        one is open), else a research step from the head, else (when the proposer has nothing,
-        or its model failed or its budget is spent) a verification after all. Publishes what it
-        signed. A refused step ran nothing: a caller that gets several in a row should wait."""
+        """One experiment: the look at a newly adopted head's claim (its re-score), else every
+        AUDIT_EVERY-th step an audit of the head's lineage, else a verification of a peer's
+        claim (every `verify_every`-th step, when one is open), else a research step from the
+        head, else (when the proposer has nothing, or its model failed or its budget is spent) a
+        verification after all. Publishes what it signed. A refused step ran nothing: a caller
+        that gets several in a row should wait."""
         if self.margin is None:
             self.start()
         assert self.head is not None and self.margin is not None
@@ -273,6 +317,13 @@ class Researcher:
         self._follow_crew()
         self.steps += 1
         self.pending = len(self._open_claims(limit=1000))
+        if self.rescored is not None:  # adopting, it re-measured the head: that was the step
+            looked, self.rescored = self.rescored, None
+            return looked
+        if self.verify_every and self.steps % AUDIT_EVERY == 0:
+            audited = self._audit()
+            if audited is not None:
+                return audited
         if self.verify_every and self.steps % self.verify_every == 0:
             verified = self._verify_one()
             if verified is not None:
@@ -321,31 +372,47 @@ class Researcher:
     def _verify_one(self) -> Verified | None:
         busy = self.crew.in_hand("verify")  # claims another worker of this node is verifying
         for claim in [c for c in self._open_claims(limit=3 + len(busy)) if c["id"] not in busy][:3]:
-            if not self.crew.take("verify", claim["id"]):
-                continue
-            self._set(f"verify {claim['id'][:12]} by {claim['author'][-6:]}")
-            parent = self.ledger.version(claim["parent"])
-            looks = self.ledger.rows(
-                "SELECT COUNT(*) AS n FROM verifications WHERE result = ? AND author = ?",
-                (claim["id"], self.me.peer_id),
-            )[0]["n"]
-            try:
-                verified = verify_claim(
-                    self.ledger, self.me, claim, self.margin, self.profile, self.data,
-                    self.work_dir, seed=self.seeds(claim["parent"], looks + 1)[looks],
-                    parent_score=None if parent is None
-                    else functools.partial(self.score_at, parent.decode(), why="verify"),
-                    check=self.check, run=self._run,
-                )  # fmt: skip
-            except AgentError as exc:
-                self._set(f"cannot verify {claim['id'][:12]}: {exc}"[:200])
-                continue
-            finally:
-                self.crew.drop("verify", claim["id"])
-            self.publish(verified.fact)
-            self._set(f"{verified.verdict}: {claim['id'][:12]} by {claim['author'][-6:]}")
-            return verified
+            verified = self._look(claim, "verify")
+            if verified is not None:
+                return verified
         return None
+
+    def _claim_row(self, rid: str) -> dict | None:
+        rows = self.ledger.rows("SELECT * FROM results WHERE id = ?", (rid,))
+        return rows[0] if rows else None
+
+    def _look(self, claim: dict, why: str) -> Verified | None:
+        """One look at a claim (a verification, an adopter's re-score, an audit), published:
+        the child on this node's next seed for it, paired with its own score of the parent.
+        A re-score's seed is the first this node pairs the adopted head with, so that the look
+        costs one run of the parent. None when another worker has it or it cannot run here."""
+        if not self.crew.take("verify", claim["id"]):
+            return None
+        self._set(f"{why} {claim['id'][:12]} by {claim['author'][-6:]}")
+        parent = self.ledger.version(claim["parent"])
+        looks = self.ledger.rows(
+            "SELECT COUNT(*) AS n FROM verifications WHERE result = ? AND author = ?",
+            (claim["id"], self.me.peer_id),
+        )[0]["n"]
+        seed = self.seeds(claim["parent"], looks + 1)[looks]
+        if why == "re-score":
+            seed = self.seeds(claim["child"])[0]
+        try:
+            verified = verify_claim(
+                self.ledger, self.me, claim, self.margin, self.profile, self.data,
+                self.work_dir, seed=seed,
+                parent_score=None if parent is None
+                else functools.partial(self.score_at, parent.decode(), why=why),
+                check=self.check, run=self._run,
+            )  # fmt: skip
+        except AgentError as exc:
+            self._set(f"cannot {why} {claim['id'][:12]}: {exc}"[:200])
+            return None
+        finally:
+            self.crew.drop("verify", claim["id"])
+        self.publish(verified.fact)
+        self._set(f"{why}: {verified.verdict}: {claim['id'][:12]} by {claim['author'][-6:]}")
+        return verified
 
     # ------------------------------------------------------------ runs
 

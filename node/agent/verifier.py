@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node import consensus, wire
+from node import consensus, evidence, wire
 from node.agent.errors import AgentError
 from node.agent.loop import Check, policy_check, record_run
+from node.evidence import Judgement
 from node.identity import Identity
 from node.ledger import Ledger
+from node.ledger_queries import LOOK_COLUMNS, RESULT_COLUMNS
 from node.standing import ledger_standing, silenced
 from node.trainer import Profile, RunResult, TokenData, run_experiment
 from node.trainer.runner import TIMED_VOIDS
@@ -32,103 +34,90 @@ Run = Callable[..., RunResult]
 
 MAX_WAITING_PER_AUTHOR = 16  # open claims of one author considered at once; the rest wait
 VERIFY_RUN = "verify "  # how the description of a verification's run begins in the ledger
+WANTING = frozenset({"open", consensus.HELD})  # the states more looks can move
 
 
 def claims_to_verify(
     results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], me: str,
-    profile: str, harness: str, quorum: int = 1, limit: int = 5, baseline: str | None = None,
-    skip: Collection[str] = (), per_author: int = MAX_WAITING_PER_AUTHOR,
+    profile: str, harness: str, rules: consensus.Rules, limit: int = 5,
+    baseline: str | None = None, skip: Collection[str] = (),
+    per_author: int = MAX_WAITING_PER_AUTHOR, judged: Mapping[str, Judgement] | None = None,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
-    """Kept claims of other peers on `profile`, measured with this node's `harness`, that this
-    node has not judged yet and the quorum has neither verified nor refuted, by authors not in
-    `skip` (those that lost standing). The frontier first: claims built on the `baseline` or on a
-    verified child, since only those can become the head (a win on an unverified parent waits
-    for its parent). Then round-robin across authors, the author this node has judged least
-    first, so that a flood of claims by one author cannot starve the others; each author's
-    claims by lowest claimed val_bpb (the likeliest next heads), ties by id, at most
-    `per_author` of them. Claims this node found inconclusive come after all others, for
-    another look, until it has looked `consensus.MAX_LOOKS` times. Claims this node confirmed
-    that need more looks (held as outliers, `consensus.held_claims`, or found void by another
-    peer and not settled) come again, each look on a fresh seed, until the claim is settled or
-    this node has given it MAX_LOOKS inconclusive looks (or MAX_LOOKS + HOLD_LOOKS in all):
-    right after the new claims on the frontier when on it (the likeliest next heads: a stream
-    of new claims off the frontier must not starve them), else after all others. Pure: no I/O."""
-    results = [r for r in results if r["profile"] == profile and r["outcome"] == "keep"]
-    claims = [
-        r
-        for r in results
-        if r["harness"] == harness and r["author"] != me and r["val_bpb"] is not None
-    ]  # fmt: skip
-    verifications = list(verifications)
-    measured = [r for r in results if r["harness"] == harness]
-    settled = set(consensus.verified_children(measured, verifications, quorum))
-    by_id = {r["id"]: r for r in results}
-    frontier = {baseline} | {by_id[rid]["child"] for rid in settled}
-    mine = [v for v in verifications if v["author"] == me]
-    looks = Counter(v["result"] for v in mine)
-    unsure = Counter(v["result"] for v in mine if v["verdict"] == "inconclusive")
-    looked = set(unsure)
-    judged = {v["result"] for v in mine if v["verdict"] != "inconclusive"} | {
-        rid for rid, n in looks.items() if n >= consensus.MAX_LOOKS
-    }
-    refuted = consensus.refuted_claims(claims, verifications, quorum)
-    # Claims this node confirmed that need more looks, its own verdict still a confirmation.
-    votes = consensus.peer_verdicts(measured, verifications)
-    contested = {rid for rid, by in votes.items() if consensus.DISQUALIFYING & set(by.values())}
-    again = {
-        rid
-        for rid in set(consensus.held_claims(measured, verifications, quorum)) | contested
-        if votes.get(rid, {}).get(me) == "confirm"
-        and unsure[rid] < consensus.MAX_LOOKS
-        and looks[rid] < consensus.MAX_LOOKS + consensus.HOLD_LOOKS
-    }
-    open_claims = {
-        r["id"]: r
-        for r in claims
-        if r["id"] not in (judged - again) | settled | refuted and r["author"] not in skip
-    }  # one per id, whatever the order of arrival
-    served = Counter(by_id[rid]["author"] for rid in judged | looked if rid in by_id)
+    """Kept claims of other peers on `profile`, measured with this node's `harness`, whose
+    looks can still move them (open, or held for more seeds: `consensus.judge_claims`), where
+    this node's looks count (on the claim's committee, in a campaign with members), and that
+    have fewer seeds behind them than the look budget (`Rules.look_budget`) and fewer than
+    `evidence.PEER_CAP` of this node's; by authors not in `skip` (those that lost standing).
 
-    def tier(r: Mapping[str, Any]) -> int:
-        on = r["parent"] in frontier
-        if r["id"] in again:
-            return 1 if on else 5
-        return (3 if on else 4) if r["id"] in looked else (0 if on else 2)
+    The frontier first: claims built on the `baseline` or on a verified child, since only those
+    can become the head (a win on an unverified parent waits for its parent); claims this node
+    never looked at before those it did. Then round-robin across authors, the author this node
+    has looked at least first, so that a flood of claims by one author cannot starve the
+    others; each author's claims by largest claimed gain (the likeliest next heads), ties by
+    id, at most `per_author` of them. `judged`: the claims' judgements under `rules`, when the
+    caller keeps them (then `verifications` need only be this node's own). Pure: no I/O."""
+    results = [r for r in results if r["profile"] == profile and r["outcome"] == "keep"]
+    measured = [r for r in results if r["harness"] == harness]
+    verifications = list(verifications)
+    if judged is None:
+        judged = consensus.judge_claims(measured, verifications, rules)
+    by_id = {r["id"]: r for r in measured}
+    frontier = {baseline} | {
+        by_id[rid]["child"] for rid, j in judged.items() if j.state == "verified"
+    }
+    mine = Counter(
+        v["result"] for v in verifications if v["author"] == me and v["delta"] is not None
+    )
+    tried = {v["result"] for v in verifications if v["author"] == me}
+
+    def wanted(r: Mapping[str, Any]) -> bool:
+        j = judged.get(r["id"])
+        return j is not None and (
+            r["author"] != me and r["author"] not in skip and j.state in WANTING
+            and j.seeds < rules.look_budget and mine[r["id"]] < evidence.PEER_CAP
+            and not (r["id"] in tried and not mine[r["id"]])  # it crashed or was void here
+            and (rules.members is None
+                 or me in consensus.committee(r["id"], r["author"], rules.members, rules.committee_size))
+        )  # fmt: skip
+
+    def gain(r: Mapping[str, Any]) -> float:
+        claimed = evidence.claimed_gain(r)
+        return claimed[0] if claimed else 0.0
 
     queues: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
-    for r in sorted(open_claims.values(), key=lambda r: (r["val_bpb"], r["id"])):
-        queue = queues.setdefault((tier(r), r["author"]), [])
+    for r in sorted((r for r in by_id.values() if wanted(r)), key=lambda r: (-gain(r), r["id"])):
+        tier = (0 if r["parent"] in frontier else 2) + (r["id"] in tried)
+        queue = queues.setdefault((tier, r["author"]), [])
         if len(queue) < per_author:
             queue.append(r)
+    served = Counter(by_id[rid]["author"] for rid in tried if rid in by_id)
     ranked = sorted(
-        ((rank, served[author] + turn, r["val_bpb"], r["id"]), r)
-        for (rank, author), queue in queues.items()
+        ((tier, served[author] + turn, -gain(r), r["id"]), r)
+        for (tier, author), queue in queues.items()
         for turn, r in enumerate(queue)
     )  # fmt: skip
     return [r for _, r in ranked[:limit]]
 
 
 def ledger_claims_to_verify(
-    ledger: Ledger, me: str, profile: str, harness: str, quorum: int = 1, limit: int = 5,
-    baseline: str | None = None,
+    ledger: Ledger, me: str, profile: str, harness: str, quorum: int | None = None,
+    limit: int = 5, baseline: str | None = None,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
-    """`claims_to_verify` over the ledger's results and verifications on `profile`, skipping the
-    claims of peers that lost standing in this node's eyes (`node.standing`)."""
+    """`claims_to_verify` over the ledger's results and verifications on `profile`, under its
+    campaign's rules, skipping the claims of peers that lost standing in this node's eyes
+    (`node.standing`)."""
+    _, judged, _ = ledger.standings(profile, quorum, harness, every=True)
     results = ledger.rows(
-        "SELECT id, author, profile, parent, child, harness, outcome, val_bpb, description, "
-        "seeds, child_scores, parent_scores, device FROM results "
-        "WHERE profile = ? AND outcome = 'keep'",
-        (profile,),
+        f"SELECT {RESULT_COLUMNS} FROM results WHERE profile = ? AND outcome = 'keep'", (profile,)
     )
-    verifications = ledger.rows(
-        "SELECT result, author, verdict, profile, harness, delta, seed FROM verifications "
-        "WHERE profile = ?",
-        (profile,),
+    mine = ledger.rows(
+        f"SELECT {LOOK_COLUMNS} FROM verifications WHERE profile = ? AND author = ?", (profile, me)
     )
-    skip = silenced(ledger_standing(ledger, quorum))
+    skip = silenced(ledger_standing(ledger))
     return claims_to_verify(
-        results, verifications, me, profile, harness, quorum, limit, baseline, skip=skip
-    )
+        results, mine, me, profile, harness, ledger.rules(profile, quorum), limit,
+        baseline or ledger.baseline(), skip=skip, judged=judged,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

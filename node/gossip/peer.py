@@ -1,8 +1,9 @@
 """One gossiping node: a libp2p host, GossipSub on the campaign's topic, and our own protocols.
 
 Every message from a peer passes `wire.decode` and the ledger before it is accepted or forwarded;
-peers that send invalid facts, junk frames or floods are penalised, then banned; facts by peers
-that lost standing (`node.standing`) are dropped. A crash of the host restarts it with the same
+peers that send invalid facts, junk frames or floods are penalised, then banned, and their facts
+dropped for good (`node.standing`'s banned). A peer silenced by the evidence is still heard:
+its facts are how it recovers. A crash of the host restarts it with the same
 key, ledger and address book. Trio stays inside this package.
 """
 
@@ -116,7 +117,6 @@ class GossipConfig:
     campaign: str | None = None  # None: discovery and sync only (a bare bootstrap)
     publish_every: float = 0.0  # seconds between synthetic results (tests, benchmarks); 0: never
     publish_count: int = 0  # stop after this many synthetic results; 0: no limit
-    quorum: int | None = None  # standing judges by it; None: the campaign fact's quorum, else 1
     limits: Limits = field(default_factory=Limits)
 
 
@@ -193,9 +193,9 @@ def author_of(raw: Any) -> str | None:
     return None
 
 
-def _judge(path: Path, quorum: int) -> dict[str, standing.Standing]:
+def _judge(path: Path) -> dict[str, standing.Standing]:
     with Ledger(path, readonly=True) as ledger:
-        return standing.ledger_standing(ledger, quorum)
+        return standing.ledger_standing(ledger)
 
 
 class GossipNode:
@@ -220,7 +220,8 @@ class GossipNode:
                                      "rate_limited", "junk", "dropped", "restarts", "dials_failed"),
                                     0)  # fmt: skip
         self.standing: dict[str, standing.Standing] = {}
-        self.silenced: set[str] = set()  # peers that lost standing: their facts are dropped
+        self.silenced: set[str] = set()  # peers that lost standing
+        self.banned: set[str] = set()  # of those, banned for refused messages: facts dropped
         self._offences: dict[tuple[str, str], int] = {}  # not yet in the ledger
         self.addrs: list[str] = []
         self.host: Any = None
@@ -298,7 +299,7 @@ class GossipNode:
         if self.book.is_banned(peer):
             return False
         origin = _origin(msg)
-        if self.silenced and (origin in self.silenced or author_of(msg.data) in self.silenced):
+        if self.banned and (origin in self.banned or author_of(msg.data) in self.banned):
             self.counts["dropped"] += 1  # neither stored nor forwarded; no penalty: it is valid
             return False
         if not self.book.allow_message(origin):
@@ -366,23 +367,20 @@ class GossipNode:
 
     # -------------------------------------------------------- standing of peers
 
-    def quorum(self) -> int:
-        if self.config.quorum is not None:
-            return self.config.quorum
-        rows = self.ledger.rows("SELECT quorum FROM campaigns ORDER BY time LIMIT 1")
-        return rows[0]["quorum"] if rows else 1
-
     def update_standing(self, judged: dict[str, standing.Standing] | None = None) -> None:
         """Record the gossip layer's refusals in the ledger, then judge every peer again (or take
         `judged`, a judgement of the ledger made elsewhere)."""
         self._flush_offences()
         if judged is None:
-            judged = standing.ledger_standing(self.ledger, self.quorum())
+            judged = standing.ledger_standing(self.ledger)
         self.standing = judged
         now = standing.silenced(judged)
         for peer in sorted(now - self.silenced):
             log.warning("%s lost standing: %s", peer, "; ".join(judged[peer].reasons))
+        for peer in sorted(self.silenced - now):
+            log.warning("%s regained standing", peer)
         self.silenced = now
+        self.banned = standing.banned(judged)
 
     def _flush_offences(self) -> None:
         offences, self._offences = self._offences, {}
@@ -390,10 +388,10 @@ class GossipNode:
             self.ledger.record_offences(offences)
 
     def keep_standing(self, raws: list[bytes]) -> list[bytes]:
-        """The facts of `raws` whose authors have standing; the others are counted and dropped."""
-        if not self.silenced:
+        """The facts of `raws` whose authors are not banned; the others are counted and dropped."""
+        if not self.banned:
             return raws
-        kept = [raw for raw in raws if author_of(raw) not in self.silenced]
+        kept = [raw for raw in raws if author_of(raw) not in self.banned]
         self.counts["dropped"] += len(raws) - len(kept)
         return kept
 
@@ -404,7 +402,7 @@ class GossipNode:
             began = time.monotonic()
             try:
                 self._flush_offences()
-                judged = await trio.to_thread.run_sync(_judge, self.ledger.path, self.quorum())
+                judged = await trio.to_thread.run_sync(_judge, self.ledger.path)
                 self.update_standing(judged)
             except Exception as exc:  # a busy ledger: judge again next time
                 log.warning("standing not updated: %s", exc)

@@ -21,6 +21,7 @@ from node.simulation import landscape as land
 from node.simulation.network import FactStore, Transport, head_size
 from node.simulation.nodes import SimNode
 from node.simulation.views import PROFILE, LedgerView, SharedView
+from node.trainer.profiles import get_profile
 
 LEDGER_MAX_NODES = 64  # up to here each node keeps a real Ledger; past it, a SharedView
 SYNC_FRAME = 256  # facts per sync frame (docs/gossip.md)
@@ -69,13 +70,17 @@ class Simulation:
         self.versions: dict[str, np.ndarray] = {}
         self.kept_parent_of: dict[str, str] = {}
         self.baseline = self.add_version(land.BASELINE)
+        # A simulated look is two unpaired runs (the surrogate has no common noise per seed), so
+        # the noise of its difference is sqrt(2) times one run's.
+        self.rules = consensus.Rules(s.quorum, math.sqrt(2) * land.NOISE_SD,
+                                     get_profile(PROFILE).replay_tolerance)  # fmt: skip
         self.use_ledger = s.ledger == "sqlite" or (
             s.ledger == "auto" and s.nodes <= LEDGER_MAX_NODES
         )
         view_type = LedgerView if self.use_ledger else SharedView
         cheats = set(self.rng.choice(s.nodes, round(s.malicious * s.nodes), replace=False).tolist())
         self.nodes = [
-            SimNode(self, i, view_type(self.store, i, self.baseline, s.quorum), i in cheats)
+            SimNode(self, i, view_type(self.store, i, self.baseline, self.rules), i in cheats)
             for i in range(s.nodes)
         ]
         self.cheats = sorted(cheats)
@@ -282,7 +287,7 @@ class Simulation:
             results = [r for r in self.store.rows if "verdict" not in r and r["outcome"] == "keep"]
             checks = [r for r in self.store.rows if "verdict" in r]
             head = consensus.best_head(
-                results, checks, PROFILE, self.baseline, self.settings.quorum, land.HARNESS
+                results, checks, PROFILE, self.baseline, self.rules, land.HARNESS
             )
             self._final = (key, head)
         return self._final[1]
@@ -304,7 +309,7 @@ class Simulation:
         results = [r for r in rows if "verdict" not in r and r["outcome"] == "keep"]
         checks = [r for r in rows if "verdict" in r]
         return consensus.best_head(
-            results, checks, PROFILE, self.baseline, self.settings.quorum, land.HARNESS
+            results, checks, PROFILE, self.baseline, self.rules, land.HARNESS
         )
 
     def win_time(self, head: str) -> float | None:

@@ -35,17 +35,17 @@ class SharedView:
     kept results and verifications among them, which are all `consensus.best_head` and
     `verifier.claims_to_verify` read (both leave every other result out first).
 
-    `best_head` is given only the kept results that hold a confirmation in the view, with their
-    verifications: a result no peer confirmed is never verified, whatever the quorum, so the
+    `best_head` is given only the kept results that hold a look in the view, with their
+    verifications: a result no peer looked at is never verified, whatever the quorum, so the
     head is the same as from all facts, for far less work at a thousand nodes."""
 
-    def __init__(self, store: FactStore, node: int, baseline: str, quorum: int) -> None:
-        self.store, self.node, self.baseline, self.quorum = store, node, baseline, quorum
+    def __init__(self, store: FactStore, node: int, baseline: str, rules: consensus.Rules) -> None:
+        self.store, self.node, self.baseline, self.rules = store, node, baseline, rules
         self.kept: list[dict] = []
         self.verifications: list[dict] = []
         self.checks_of: dict[str, list[dict]] = {}  # result id -> its verifications here
         self.kept_by_id: dict[str, dict] = {}
-        self.confirmed: dict[str, dict] = {}  # kept results with a confirmation here
+        self.confirmed: dict[str, dict] = {}  # kept results with a look here
         self.seq = 0
         self._best: tuple[Any, str] = (None, baseline)
         self._claims: tuple[Any, list] = (None, [])
@@ -63,12 +63,12 @@ class SharedView:
                 self.verifications.append(row)
                 self.checks_of.setdefault(row["result"], []).append(row)
                 kept = self.kept_by_id.get(row["result"])
-                if row["verdict"] == "confirm" and kept is not None:
+                if kept is not None:
                     self.confirmed[row["result"]] = kept
             elif row["outcome"] == "keep":
                 self.kept.append(row)
                 self.kept_by_id[row["id"]] = row
-                if any(v["verdict"] == "confirm" for v in self.checks_of.get(row["id"], ())):
+                if self.checks_of.get(row["id"]):
                     self.confirmed[row["id"]] = row
         return new
 
@@ -79,7 +79,7 @@ class SharedView:
         if self._best[0] != self._key():  # a pure function of the view: same view, same head
             checks = [v for rid in self.confirmed for v in self.checks_of[rid]]
             head = consensus.best_head(
-                list(self.confirmed.values()), checks, PROFILE, self.baseline, self.quorum,
+                list(self.confirmed.values()), checks, PROFILE, self.baseline, self.rules,
                 HARNESS,
             )  # fmt: skip
             self._best = (self._key(), head)
@@ -92,24 +92,22 @@ class SharedView:
         head's lineage is walked through the verified results."""
         confirmed = list(self.confirmed.values())
         checks = [v for rid in self.confirmed for v in self.checks_of[rid]]
-        verified = consensus.verified_children(confirmed, checks, self.quorum)
+        judged = consensus.judge_claims(confirmed, checks, self.rules)
+        verified = {rid: j for rid, j in judged.items() if j.state == "verified"}
         key = (head, frozenset(verified))
         if key not in self.store.merges:
             rows = [self.confirmed[rid] for rid in verified]
-            their_checks = [v for rid in verified for v in self.checks_of[rid]]
-            self.store.merges[key] = adoption.merges_onto(
-                head, rows, their_checks, version, self.quorum, HARNESS
-            )
+            self.store.merges[key] = adoption.merges_onto(head, rows, verified, version)
         return self.store.merges[key]
 
     def claims(self, me: str) -> list[Mapping[str, Any]]:
         if self._claims[0] != self._key():
             # As `ledger_claims_to_verify`: claims of peers that lost standing are skipped.
             skip = standing.silenced(
-                standing.peer_standing(self.kept, self.verifications, (), self.quorum)
+                standing.peer_standing(self.kept, self.verifications, lambda _: self.rules)
             )
             found = verifier.claims_to_verify(
-                self.kept, self.verifications, me, PROFILE, HARNESS, self.quorum,
+                self.kept, self.verifications, me, PROFILE, HARNESS, self.rules,
                 limit=CLAIMS_PER_LOOK, baseline=self.baseline, skip=skip,
             )  # fmt: skip
             self._claims = (self._key(), found)
@@ -131,8 +129,8 @@ class LedgerView(SharedView):
     """A real in-memory `Ledger` per node: every received fact is decoded, its signature checked
     and stored again by this node, as a live node does."""
 
-    def __init__(self, store: FactStore, node: int, baseline: str, quorum: int) -> None:
-        super().__init__(store, node, baseline, quorum)
+    def __init__(self, store: FactStore, node: int, baseline: str, rules: consensus.Rules) -> None:
+        super().__init__(store, node, baseline, rules)
         self.ledger = Ledger(":memory:", campaign=CAMPAIGN)
         self.facts = 0
         self.rejected = 0
@@ -153,21 +151,31 @@ class LedgerView(SharedView):
 
     def best_head(self) -> str:
         if self._best[0] != self._key():
-            head = adoption.best_head(self.ledger, PROFILE, self.baseline, self.quorum, HARNESS)
+            results, verifications = self.ledger.claim_rows(PROFILE)
+            head = consensus.best_head(
+                results, verifications, PROFILE, self.baseline, self.rules, HARNESS
+            )
             self._best = (self._key(), head)
         return self._best[1]
 
     def merges(self, head: str, version: Callable[[str], bytes | None]) -> list[Proposal]:
         """`adoption.merges_onto` over this ledger's rows; versions come by hash from `version`
         (the gossip layer's fetch, in a live node)."""
-        results, verifications = adoption.swarm_rows(self.ledger, PROFILE)
-        return adoption.merges_onto(head, results, verifications, version, self.quorum, HARNESS)
+        results, verifications = self.ledger.claim_rows(PROFILE)
+        kept = consensus.versions_of(results, PROFILE, HARNESS)
+        judged = consensus.judge_claims(kept, verifications, self.rules)
+        return adoption.merges_onto(head, kept, judged, version)
 
     def claims(self, me: str) -> list[Mapping[str, Any]]:
         if self._claims[0] != self._key():
-            found = verifier.ledger_claims_to_verify(
-                self.ledger, me, PROFILE, HARNESS, self.quorum, limit=CLAIMS_PER_LOOK,
-                baseline=self.baseline,
+            # As `verifier.ledger_claims_to_verify`, under the simulation's rules.
+            results, verifications = self.ledger.claim_rows(PROFILE)
+            skip = standing.silenced(
+                standing.peer_standing(results, verifications, lambda _: self.rules)
+            )
+            found = verifier.claims_to_verify(
+                results, verifications, me, PROFILE, HARNESS, self.rules, limit=CLAIMS_PER_LOOK,
+                baseline=self.baseline, skip=skip,
             )  # fmt: skip
             self._claims = (self._key(), found)
         return self._claims[1]

@@ -1,0 +1,262 @@
+"""The evidence about one claimed win, pooled from every peer's paired looks, and the sequential
+test that turns it into a state: verified, refuted, void, misreported or open.
+
+A look is one paired seed: a peer ran the claim's child and its parent on the same seed and
+published the gain (parent minus child). Pure functions of the looks given: which looks count
+(author, committee, harness, standing) is `consensus`'s to decide. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ALPHA = 0.05  # false-verification rate for a claim of zero gain, however many looks it gets
+MIXTURE = 1.0  # the test's prior on a real gain: half-normal, this many paired sigmas wide
+FUTILITY = 0.5  # refuted: the evidence says the gain is below this many paired sigmas
+PEER_CAP = 8  # seeds of one peer that weigh on one claim, at most: keys are cheap, runs are not
+OUTLIER_Z = 4.0  # a peer whose mean gain lies this many standard errors off the others' median
+PRIOR_DF = 2  # the profile's paired noise weighs as much as this many degrees of freedom
+# A paired difference's noise grows with the size of the change: a profile's paired noise is
+# measured on small changes, and a 1.35 bpb gain on the test profile varied by 0.05 between two
+# seeds (4%). Outliers and overclaims are judged against the larger of the two, so that an honest
+# large gain never looks like a lie; the test itself keeps the profile's noise.
+RELATIVE_NOISE = 0.1
+STATES = ("verified", "refuted", "void", "misreported", "open")
+
+
+@dataclass(frozen=True)
+class PeerLooks:
+    """One peer's looks at one claim: its scored seeds, and what else it reported."""
+
+    peer: str
+    gains: tuple[float, ...] = ()  # parent minus child, one per distinct seed
+    void: bool = False  # its harness refused to score the child's run
+    replay: float | None = None  # the child's score on the author's seed, on its device class
+    misreported: bool = False  # it said its replay of the author's seed gave other scores
+
+    @property
+    def weight(self) -> int:
+        return min(len(self.gains), PEER_CAP)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.gains)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the pooled looks say about one claim, and why."""
+
+    state: str  # one of STATES
+    gain: float | None = None  # the pooled estimate of the gain (bpb; parent minus child)
+    se: float | None = None  # its standard error
+    seeds: int = 0  # the weight behind the estimate: seeds, each peer's capped at PEER_CAP
+    sigma: float = 0.0  # the paired noise the test assumed
+    peers: tuple[str, ...] = ()  # the peers whose looks the estimate pools
+    outliers: tuple[str, ...] = ()  # peers whose looks lie far outside the others'
+    disputed: bool = False  # no majority of peers agrees: nobody is an outlier, nobody trusted
+    author_z: float | None = None  # the author's own claimed gain against the pooled estimate
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return {"state": self.state, "gain": self.gain, "se": self.se, "seeds": self.seeds,
+                "sigma": self.sigma, "peers": list(self.peers), "outliers": list(self.outliers),
+                "disputed": self.disputed, "author_z": self.author_z, "reason": self.reason}  # fmt: skip
+
+
+def _floats(value: Any) -> list[float]:
+    """A list of scores as the facts carry it: a list, or the ledger's JSON text of one."""
+    if isinstance(value, str):
+        value = json.loads(value) if value else []
+    return [float(x) for x in value or () if x is not None]
+
+
+def claimed_gain(claim: Mapping[str, Any]) -> tuple[float, int] | None:
+    """(the author's mean paired gain, its number of seeds) from a result row, None if unpaired."""
+    child, parent = _floats(claim.get("child_scores")), _floats(claim.get("parent_scores"))
+    gains = [p - c for c, p in zip(child, parent, strict=False) if math.isfinite(p - c)]
+    return (statistics.fmean(gains), len(gains)) if gains else None
+
+
+def claimed_first_score(claim: Mapping[str, Any]) -> float | None:
+    """The child's score the author signed on its first seed: what a replay must reproduce."""
+    child = _floats(claim.get("child_scores"))
+    return child[0] if child else claim.get("val_bpb")
+
+
+def peer_looks(looks: Iterable[Mapping[str, Any]], device: str | None) -> list[PeerLooks]:
+    """Verification rows (author, verdict, delta, seed, replay_val_bpb, device) of one claim,
+    grouped by peer, sorted by peer. A second look on the same seed is the same look: its gains
+    are averaged. A void, or a refutation without a score (the child broke the policy), is a
+    refusal; a crash counts neither way (a smaller machine may run out of memory). A replay counts only from the claim's own `device` class."""
+    by_peer: dict[str, dict[str, Any]] = {}
+    for v in looks:
+        entry = by_peer.setdefault(
+            v["author"], {"seeds": {}, "void": False, "replay": None, "misreported": False}
+        )
+        delta = v.get("delta")
+        entry["misreported"] |= v["verdict"] == "misreported"
+        # Void: its harness refused to score the child's run; a refutation without a score:
+        # the child broke the train.py policy and never ran. Neither is noise.
+        if v["verdict"] == "void" or (
+            v["verdict"] == "refute" and v.get("child_val_bpb", delta) is None
+        ):
+            entry["void"] = True
+        elif isinstance(delta, (int, float)) and math.isfinite(delta):
+            entry["seeds"].setdefault(v["seed"], []).append(-delta)
+        replay = v.get("replay_val_bpb")
+        if replay is not None and device and v.get("device") == device:
+            entry["replay"] = replay if entry["replay"] is None else min(entry["replay"], replay)
+    return [
+        PeerLooks(peer, tuple(statistics.fmean(g) for _, g in sorted(e["seeds"].items())),
+                  e["void"], e["replay"], e["misreported"])
+        for peer, e in sorted(by_peer.items())
+    ]  # fmt: skip
+
+
+def log_evalue(total: float, n: float, sigma: float, scale: float = MIXTURE) -> float:
+    """The log of the mixture likelihood ratio for "the gain is positive" against "it is zero",
+    after gains summing to `total` over `n` paired seeds of noise `sigma`: the ratio of a real
+    gain drawn from a half-normal of `scale` sigmas to no gain. Under no gain it is a
+    nonnegative martingale, so it ever reaches 1/ALPHA with probability at most ALPHA (Ville's
+    inequality): the false-verification rate holds however many looks come, in any order."""
+    if n <= 0:
+        return 0.0
+    tau2 = (scale * sigma) ** 2
+    spread = sigma**2 + n * tau2
+    x = math.sqrt(tau2) * total / (sigma * math.sqrt(spread))
+    tail = 0.5 * math.erfc(-x / math.sqrt(2))
+    if tail <= 0.0:
+        return -math.inf
+    return math.log(2.0) - 0.5 * math.log(spread / sigma**2) + x * x / 2 + math.log(tail)
+
+
+def _noise(peers: Sequence[PeerLooks], prior: float) -> float:
+    """The paired noise behind these looks: the spread of each peer's seeds around its own mean,
+    pooled, with the profile's `prior` as PRIOR_DF degrees of freedom; never below the prior, so
+    that a peer's looks can make the test slower and never less strict."""
+    squares, df = PRIOR_DF * prior**2, PRIOR_DF
+    for p in peers:
+        if len(p.gains) >= 2:
+            squares += sum((g - p.mean) ** 2 for g in p.gains)
+            df += len(p.gains) - 1
+    return max(prior, math.sqrt(squares / df))
+
+
+def spread(sigma: float, gain: float) -> float:
+    """The noise of one paired difference of a change of this `gain` (`RELATIVE_NOISE`)."""
+    return math.hypot(sigma, RELATIVE_NOISE * gain)
+
+
+def _pool(peers: Iterable[PeerLooks]) -> tuple[float, int]:
+    total, n = 0.0, 0
+    for p in peers:
+        total += p.weight * p.mean
+        n += p.weight
+    return total, n
+
+
+def _outliers(peers: Sequence[PeerLooks], sigma: float) -> tuple[tuple[str, ...], bool]:
+    """(the peers far outside the rest, whether the looks are disputed). The center is the
+    median of the peers' mean gains, one vote each, so that seeds bought by one key do not move
+    it; a peer is an outlier when its mean lies more than OUTLIER_Z standard errors from it,
+    and only when a strict majority of the peers lies within: without one, nobody is."""
+    if len(peers) < 3:
+        return (), False
+    center = statistics.median(p.mean for p in peers)
+    _, n = _pool(peers)
+    noise = spread(sigma, center)
+    far = tuple(
+        p.peer for p in peers
+        if abs(p.mean - center) > OUTLIER_Z * noise * math.sqrt(1 / p.weight + 1 / n)
+    )  # fmt: skip
+    if 2 * (len(peers) - len(far)) > len(peers):
+        return far, False
+    return (), bool(far)
+
+
+def _passes(peers: Sequence[PeerLooks], quorum: int, sigma: float, shift: float, sign: int) -> bool:
+    """Whether the test passes with the quorum - 1 peers most on its side left out, so that
+    quorum - 1 liars alone never decide it. `sign` +1 tests "gain above `shift`", -1 "below"."""
+    if len(peers) < quorum:
+        return False
+    ranked = sorted(peers, key=lambda p: (sign * p.mean, p.peer), reverse=True)
+    total, n = _pool(ranked[quorum - 1 :])
+    return log_evalue(sign * (total - n * shift), n, sigma) >= math.log(1 / ALPHA)
+
+
+def judge(
+    claim: Mapping[str, Any],
+    looks: Iterable[Mapping[str, Any]],
+    *,
+    quorum: int,
+    sigma: float,
+    tolerance: float,
+) -> Judgement:
+    """The state of one claim (a result row: author, child_scores, parent_scores, device) from
+    the looks that count (verification rows by peers other than its author):
+
+    - misreported: at least `quorum` peers replayed the author's own seed on its device class
+      and got a child score more than `tolerance` from the one signed (or said the parent's
+      was), more of them than got the signed scores;
+    - void: at least `quorum` peers' harnesses refused the child's run, more than scored it;
+    - verified: the pooled gain passes the sequential test for a gain above zero (`log_evalue`,
+      at ALPHA) with the quorum - 1 most favourable peers left out, at least `quorum` peers;
+    - refuted: the same test says the gain is below FUTILITY sigmas, with the quorum - 1 least
+      favourable peers left out;
+    - open: neither yet, or disputed (no majority of the peers agrees: `_outliers`). A state is
+      the evidence's now: later looks can revoke it.
+
+    `sigma` is the profile's paired noise (a floor: see `_noise`)."""
+    if quorum < 1:
+        raise ValueError("quorum must be at least 1: a result cannot verify itself")
+    peers = peer_looks(looks, claim.get("device"))
+    signed = claimed_first_score(claim)
+    # A replay's child score is checked here; its parent score only the replaying peer saw, and
+    # its word for it weighs as a replay: either way, a majority of at least the quorum decides.
+    replays = [p for p in peers if p.misreported or (p.replay is not None and signed is not None)]
+    off = [p.peer for p in replays if p.misreported or abs(p.replay - signed) > tolerance]
+    scored = [p for p in peers if p.gains]
+    voids = [p.peer for p in peers if p.void and not p.gains]
+    sigma = _noise(scored, sigma)
+    outliers, disputed = _outliers(scored, sigma)
+    if replays and len(off) not in (0, len(replays)) and 2 * len(off) != len(replays):
+        minority = set(off) if 2 * len(off) < len(replays) else {p.peer for p in replays} - set(off)
+        outliers = tuple(sorted(set(outliers) | minority))
+    pool = [p for p in scored if p.peer not in outliers]
+    total, n = _pool(pool)
+    gain = total / n if n else None
+    se = sigma / math.sqrt(n) if n else None
+    author_z = None
+    claimed = claimed_gain(claim)
+    if claimed is not None and gain is not None:
+        author_z = (claimed[0] - gain) / (spread(sigma, gain) * math.sqrt(1 / claimed[1] + 1 / n))
+    base = {"gain": gain, "se": se, "seeds": n, "sigma": sigma,
+            "peers": tuple(p.peer for p in pool), "outliers": outliers, "disputed": disputed,
+            "author_z": author_z}  # fmt: skip
+    if len(off) >= quorum and 2 * len(off) > len(replays):
+        return Judgement(
+            "misreported", **base,
+            reason=f"{len(off)} of {len(replays)} replays of the author's seed differ from its "
+            f"signed score by more than {tolerance:g}",
+        )  # fmt: skip
+    if len(voids) >= quorum and len(voids) > len(scored):
+        return Judgement("void", **base, reason=f"{len(voids)} peers' harnesses refused its run")
+    if disputed:
+        return Judgement("open", **base, reason="disputed: no majority of its verifiers agree")
+    if _passes(pool, quorum, sigma, 0.0, +1):
+        return Judgement("verified", **base, reason=_summary(gain, se, n, len(pool)))
+    if _passes(pool, quorum, sigma, FUTILITY * sigma, -1):
+        return Judgement("refuted", **base, reason=_summary(gain, se, n, len(pool)))
+    return Judgement("open", **base, reason=_summary(gain, se, n, len(pool)))
+
+
+def _summary(gain: float | None, se: float | None, n: int, peers: int) -> str:
+    if gain is None or se is None:
+        return "no scored looks yet"
+    return f"gain {gain:+.4f} +- {se:.4f} over {n} seeds from {peers} peer(s)"
