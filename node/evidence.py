@@ -93,7 +93,8 @@ def peer_looks(looks: Iterable[Mapping[str, Any]], device: str | None) -> list[P
     """Verification rows (author, verdict, delta, seed, replay_val_bpb, device) of one claim,
     grouped by peer, sorted by peer. A second look on the same seed is the same look: its gains
     are averaged. A void, or a refutation without a score (the child broke the policy), is a
-    refusal; a crash counts neither way (a smaller machine may run out of memory). A replay counts only from the claim's own `device` class."""
+    refusal; a crash counts neither way (a smaller machine may run out of memory). A replay
+    counts only from the claim's own `device` class."""
     by_peer: dict[str, dict[str, Any]] = {}
     for v in looks:
         entry = by_peer.setdefault(
@@ -128,12 +129,12 @@ def log_evalue(total: float, n: float, sigma: float, scale: float = MIXTURE) -> 
     if n <= 0:
         return 0.0
     tau2 = (scale * sigma) ** 2
-    spread = sigma**2 + n * tau2
-    x = math.sqrt(tau2) * total / (sigma * math.sqrt(spread))
+    width = sigma**2 + n * tau2
+    x = math.sqrt(tau2) * total / (sigma * math.sqrt(width))
     tail = 0.5 * math.erfc(-x / math.sqrt(2))
     if tail <= 0.0:
         return -math.inf
-    return math.log(2.0) - 0.5 * math.log(spread / sigma**2) + x * x / 2 + math.log(tail)
+    return math.log(2.0) - 0.5 * math.log(width / sigma**2) + x * x / 2 + math.log(tail)
 
 
 def _noise(peers: Sequence[PeerLooks], prior: float) -> float:

@@ -198,10 +198,15 @@ class Researcher:
             return
         self.adopted = best
         claim = self._claim_of(best)
-        if claim is not None and self.margin is not None:
-            # Every node re-measures the head it adopts, as a look at the claim that made it:
-            # on the first seed it pairs the head with, so the look's run of the head is the
-            # score it builds on, and the look costs one run of the head's parent.
+        looked = claim is not None and self.ledger.rows(
+            "SELECT 1 FROM verifications WHERE result = ? AND author = ? LIMIT 1",
+            (claim, self.me.peer_id),
+        )
+        if claim is not None and not looked and self.margin is not None and self.verify_every:
+            # A node that verifies re-measures the head it adopts, unless it looked at it already:
+            # a look at the claim that made it, on the first seed it pairs the head with, so the
+            # look's run of the head is the score it builds on, and the look costs one run of the
+            # head's parent.
             self.rescored = self._look(self._claim_row(claim), "re-score")
         if self.head is not None and self._builds_on(self.head.sha256, best):
             return  # this node's own kept chain already starts from the new head: go on from it
@@ -386,6 +391,7 @@ class Researcher:
         the child on this node's next seed for it, paired with its own score of the parent.
         A re-score's seed is the first this node pairs the adopted head with, so that the look
         costs one run of the parent. None when another worker has it or it cannot run here."""
+        claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
         if not self.crew.take("verify", claim["id"]):
             return None
         self._set(f"{why} {claim['id'][:12]} by {claim['author'][-6:]}")
