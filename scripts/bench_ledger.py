@@ -173,9 +173,10 @@ def main() -> int:
         )
         ms, _ = timed(lambda: book.leaderboard(quorum=2))
         print(f"leaderboard, quorum 2            {ms:7.1f} ms")
-        best = board["cpu"][0]["child"]
+        shown, rows = max(board.items(), key=lambda item: len(item[1]))  # the deepest board
+        best = rows[0]["child"]
         ms, chain = timed(lambda: book.lineage(best))
-        print(f"lineage of the best cpu version  {ms:7.1f} ms  ({len(chain)} steps)")
+        print(f"lineage of the {shown} head       {ms:7.1f} ms  ({len(chain)} steps)")
         deepest = book.rows(
             "SELECT child FROM results WHERE outcome = 'keep' ORDER BY time DESC LIMIT 1"
         )

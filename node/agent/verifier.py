@@ -63,7 +63,7 @@ def claims_to_verify(
         judged = consensus.judge_claims(measured, verifications, rules)
     by_id = {r["id"]: r for r in measured}
     frontier = {baseline} | {
-        by_id[rid]["child"] for rid, j in judged.items() if j.state == "verified"
+        by_id[rid]["child"] for rid, j in judged.items() if j.state == "verified" and rid in by_id
     }
     mine = Counter(
         v["result"] for v in verifications if v["author"] == me and v["delta"] is not None
