@@ -23,9 +23,26 @@ WEAK = ROOT / "tests" / "campaigns" / "weak_train.py"
 def made(tmp_path_factory, small_data, data_cache):
     where = tmp_path_factory.mktemp("campaign")
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
-    done = run_swarm("campaign", "new", "hack-nov", "--program", str(ROOT / "program.md"), "--profile", "test",
-                 "--quorum", "2", "--baseline", str(WEAK), "--budget", "test=32768", "--out", str(where / "hack.json"),
-                 "--home", str(where / "organiser"), env=env)
+    done = run_swarm(
+        "campaign",
+        "new",
+        "hack-nov",
+        "--program",
+        str(ROOT / "program.md"),
+        "--profile",
+        "test",
+        "--quorum",
+        "2",
+        "--baseline",
+        str(WEAK),
+        "--budget",
+        "test=32768",
+        "--out",
+        str(where / "hack.json"),
+        "--home",
+        str(where / "organiser"),
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     return where / "hack.json", env, small_data
 
@@ -40,9 +57,16 @@ def test_a_campaign_file_pins_program_baseline_data_and_quorum_under_the_organis
     path, env, data = made
     campaign = load_campaign(path)
     assert campaign.name == "hack-nov" and campaign.quorum == 2 and campaign.profiles == ["test"]
-    assert campaign.baseline == WEAK.read_text() and campaign.program == (ROOT / "program.md").read_text()
-    assert campaign.data_for("test") == {"data": "embedded:small", "tokens": data.sha256,
-                                         "tokenizer": data.manifest["tokenizer_sha256"], "budget": "32768"}
+    assert (
+        campaign.baseline == WEAK.read_text()
+        and campaign.program == (ROOT / "program.md").read_text()
+    )
+    assert campaign.data_for("test") == {
+        "data": "embedded:small",
+        "tokens": data.sha256,
+        "tokenizer": data.manifest["tokenizer_sha256"],
+        "budget": "32768",
+    }
     assert pinned_budget(campaign, "test") == 32768 and pinned_budget(None, "test") is None
     assert campaign.organiser == campaign.fact.peer_id
     check_data(campaign, "test", data.manifest)  # this machine built the same data
@@ -68,61 +92,198 @@ def test_a_changed_campaign_file_never_loads(made, change, error):
 def test_a_campaign_fact_signed_by_someone_else_or_of_another_kind_is_refused(made, bob):
     path, _, _ = made
     campaign = load_campaign(path)
-    with pytest.raises(wire.WireError, match="signed by its organiser"):  # bob cannot sign for alice
+    with pytest.raises(
+        wire.WireError, match="signed by its organiser"
+    ):  # bob cannot sign for alice
         wire.sign(bob, "campaign", "hack-nov", 1, dict(campaign.fact.body))
-    own = wire.sign(bob, "campaign", "hack-nov", 1, {**campaign.fact.body, "organiser": bob.public_key})
-    with pytest.raises(CampaignError, match="fields organiser differ"):  # bob's own, in alice's file
+    own = wire.sign(
+        bob, "campaign", "hack-nov", 1, {**campaign.fact.body, "organiser": bob.public_key}
+    )
+    with pytest.raises(
+        CampaignError, match="fields organiser differ"
+    ):  # bob's own, in alice's file
         parse_campaign(edited(path, lambda d: d.update(fact=base64.b64encode(own.raw).decode())))
-    result = wire.sign(bob, "result", "hack-nov", 2, make_result(bob, 2, "00" * 32, "11" * 32, 1.5).body)
+    result = wire.sign(
+        bob, "result", "hack-nov", 2, make_result(bob, 2, "00" * 32, "11" * 32, 1.5).body
+    )
     with pytest.raises(CampaignError, match="is a result, not a campaign"):
         parse_campaign(edited(path, lambda d: d.update(fact=base64.b64encode(result.raw).decode())))
     tampered = bytearray(campaign.fact.raw)
     tampered[-1] ^= 1  # the signature's last byte
     with pytest.raises(CampaignError, match="refused"):
-        parse_campaign(edited(path, lambda d: d.update(fact=base64.b64encode(bytes(tampered)).decode())))
+        parse_campaign(
+            edited(path, lambda d: d.update(fact=base64.b64encode(bytes(tampered)).decode()))
+        )
 
 
 def test_bad_campaign_arguments_are_one_line_errors(made, tmp_path):
     path, env, _ = made
-    missing = run_swarm("join", "--campaign", str(tmp_path / "nope.json"), "--home", str(tmp_path / "h"), env=env)
-    assert missing.returncode == 1 and "no campaign file" in missing.stderr and len(missing.stderr.splitlines()) == 1
-    wrong = run_swarm("join", "--campaign", str(path), "--profile", "cpu", "--home", str(tmp_path / "h"), env=env)
+    missing = run_swarm(
+        "join", "--campaign", str(tmp_path / "nope.json"), "--home", str(tmp_path / "h"), env=env
+    )
+    assert (
+        missing.returncode == 1
+        and "no campaign file" in missing.stderr
+        and len(missing.stderr.splitlines()) == 1
+    )
+    wrong = run_swarm(
+        "join", "--campaign", str(path), "--profile", "cpu", "--home", str(tmp_path / "h"), env=env
+    )
     assert wrong.returncode == 1 and "runs on test, not cpu" in wrong.stderr
-    quorum = run_swarm("join", "--campaign", str(path), "--quorum", "1", "--home", str(tmp_path / "h"), env=env)
+    quorum = run_swarm(
+        "join", "--campaign", str(path), "--quorum", "1", "--home", str(tmp_path / "h"), env=env
+    )
     assert quorum.returncode == 1 and "sets quorum 2" in quorum.stderr
-    bare = run_swarm("join", "--campaign", "sha256:" + "ab" * 32, "--home", str(tmp_path / "h"), env=env)
+    bare = run_swarm(
+        "join", "--campaign", "sha256:" + "ab" * 32, "--home", str(tmp_path / "h"), env=env
+    )
     assert bare.returncode == 1 and "needs --bootstrap" in bare.stderr
     baseline = tmp_path / "bad.py"
     baseline.write_text("import os\nos.system('true')\n")
-    refused = run_swarm("campaign", "new", "x", "--program", str(ROOT / "program.md"), "--profile", "test",
-                    "--baseline", str(baseline), "--home", str(tmp_path / "o"), env=env)
+    refused = run_swarm(
+        "campaign",
+        "new",
+        "x",
+        "--program",
+        str(ROOT / "program.md"),
+        "--profile",
+        "test",
+        "--baseline",
+        str(baseline),
+        "--home",
+        str(tmp_path / "o"),
+        env=env,
+    )
     assert refused.returncode == 1 and "breaks the train.py policy" in refused.stderr
     for bad in ("cpu=1000", "test=lots", "test"):
-        budget = run_swarm("campaign", "new", "x", "--program", str(ROOT / "program.md"), "--profile", "test",
-                           "--budget", bad, "--home", str(tmp_path / "o"), env=env)
+        budget = run_swarm(
+            "campaign",
+            "new",
+            "x",
+            "--program",
+            str(ROOT / "program.md"),
+            "--profile",
+            "test",
+            "--budget",
+            bad,
+            "--home",
+            str(tmp_path / "o"),
+            env=env,
+        )
         assert budget.returncode == 1 and "expected PROFILE=TOKENS" in budget.stderr, budget.stderr
         assert len(budget.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)")
+@pytest.mark.skipif(
+    not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)"
+)
 def test_a_bootstrap_serves_its_campaign_file_and_a_newcomer_joins_it_by_hash(made, tmp_path):
     path, env, _ = made
     campaign = load_campaign(path)
-    boot = Process("bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0", "--campaign", str(path),
-                   "--home", str(tmp_path / "bootstrap"), env=env)
+    boot = Process(
+        "bootstrap",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--campaign",
+        str(path),
+        "--home",
+        str(tmp_path / "bootstrap"),
+        env=env,
+    )
     node = None
     try:
         boot.wait_for(f"sha256:{campaign.sha256}", 60)
         address = boot.wait_for(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", 60).group(1)
-        node = Process("join", "--bootstrap", address, "--listen", "/ip4/127.0.0.1/tcp/0", "--profile", "test",
-                       "--campaign", f"sha256:{campaign.sha256}", "--home", str(tmp_path / "newcomer"), env=env)
+        node = Process(
+            "join",
+            "--bootstrap",
+            address,
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--profile",
+            "test",
+            "--campaign",
+            f"sha256:{campaign.sha256}",
+            "--home",
+            str(tmp_path / "newcomer"),
+            env=env,
+        )
         # The campaign's budget, not the profile's own, for every member.
-        node.wait_for(r"node \w+: campaign hack-nov, profile test, .*, 32768 training tokens a run", 120)
+        node.wait_for(
+            r"node \w+: campaign hack-nov, profile test, .*, 32768 training tokens a run", 120
+        )
         kept = tmp_path / "newcomer" / "campaigns" / f"{campaign.sha256}.campaign.json"
         assert load_campaign(kept).fact.id == campaign.fact.id
-        wrong = run_swarm("join", "--bootstrap", address, "--campaign", "sha256:" + "cd" * 32,
-                      "--home", str(tmp_path / "other"), env=env)
+        wrong = run_swarm(
+            "join",
+            "--bootstrap",
+            address,
+            "--campaign",
+            "sha256:" + "cd" * 32,
+            "--home",
+            str(tmp_path / "other"),
+            env=env,
+        )
         assert wrong.returncode == 1 and "did not serve" in wrong.stderr
     finally:
         codes = [p.stop() for p in (node, boot) if p is not None]
     assert codes == [0, 0]
+
+
+def test_a_campaign_with_members_lists_them_signed_and_a_node_judges_by_its_committees(
+    made, tmp_path, alice, bob, carol
+):
+    """`--members FILE`: the member peer ids, the organiser among them, signed into the fact; a
+    wrong id or too few members for the quorum is a one-line error; the ledger of a node that
+    joined judges every claim by committees drawn from them."""
+    from node.identity import Identity, load_identity
+    from node.ledger import Ledger
+
+    _, env, _ = made
+    team = tmp_path / "team.txt"
+    team.write_text(f"{alice.peer_id}  # alice\n{bob.peer_id}\n\n{carol.peer_id}\n")
+    out, home = tmp_path / "members.json", tmp_path / "organiser"
+    args = ["campaign", "new", "team", "--program", str(ROOT / "program.md"), "--profile", "test",
+            "--quorum", "2", "--baseline", str(WEAK), "--home", str(home), "--out", str(out)]  # fmt: skip
+    done = run_swarm(*args, "--members", str(team), env=env)
+    assert done.returncode == 0, done.stderr
+    campaign = load_campaign(out)
+    organiser = load_identity(home).peer_id
+    assert campaign.members == sorted({alice.peer_id, bob.peer_id, carol.peer_id, organiser})
+    assert json.loads(out.read_text())["members"] == campaign.members  # readable, and checked
+    shown = run_swarm("campaign", "show", str(out), "--json", env=env)
+    assert json.loads(shown.stdout)["members"] == campaign.members
+    team.write_text("12D3KooWnotapeerid\n")
+    bad = run_swarm(*args, "--members", str(team), env=env)
+    assert (
+        bad.returncode != 0 and "is not a peer id" in bad.stderr and "Traceback" not in bad.stderr
+    )
+    team.write_text(f"{alice.peer_id}\n")  # alice and the organiser: one verifier for quorum 2
+    few = run_swarm(*args, "--members", str(team), env=env)
+    assert few.returncode != 0 and "cannot reach quorum 2" in few.stderr
+
+    with Ledger(tmp_path / "ledger.db", campaign="team") as book:
+        book.set_terms(campaign.terms)
+        rules = book.rules("test")
+        assert rules.members == frozenset(campaign.members) and rules.quorum == 2
+        body = make_result(alice, 1, campaign.baseline_sha256, "11" * 32, 1.4, profile="test").body
+        claim = wire.sign(alice, "result", "team", 1, body)
+        assert book.ingest(claim.raw) == claim
+        from node.consensus import committee
+
+        panel = committee(claim.id, alice.peer_id, rules.members, rules.committee_size)
+        assert alice.peer_id not in panel and len(panel) == 3  # the three other members
+        stranger = Identity(bytes(range(9, 41)))
+        body = wire.verification_body(result=claim.id, child_val_bpb=1.0, parent_val_bpb=1.5, seed=1,
+                                      profile="test", harness=claim.body["harness"], verdict="confirm")  # fmt: skip
+        for seed in range(8):
+            book.ingest(
+                wire.sign(stranger, "verification", "team", seed + 1, {**body, "seed": seed}).raw
+            )
+        assert book.rows("SELECT state, seeds FROM claims") == [{"state": "open", "seeds": 0}]
+        for who in (bob, carol):  # two of its committee: their looks count
+            for seed in range(2):
+                book.ingest(
+                    wire.sign(who, "verification", "team", seed + 1, {**body, "seed": seed}).raw
+                )
+        assert book.rows("SELECT state, seeds FROM claims") == [{"state": "verified", "seeds": 4}]
