@@ -209,6 +209,7 @@ def bootstrap_cmd(
         from node.ledger import Ledger, ledger_path
 
         with Ledger(ledger_path(home_dir), campaign=spec.name) as ledger:
+            ledger.set_terms(spec.terms)  # its standing judges by the file's quorum and members
             ledger.ingest(spec.fact.raw)
             ledger.add_version(spec.to_bytes())  # served by hash, like a train.py
         status_line(f"serving campaign {spec.name}: newcomers run swarm join --bootstrap <address below> "
