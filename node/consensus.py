@@ -236,26 +236,6 @@ def verified_children(
     return {rid: set(j.peers) for rid, j in _in_state(judged, "verified").items()}
 
 
-def refuted_claims(
-    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], rules: Rules
-) -> set[str]:
-    """The claims the evidence refutes (a gain below `evidence.FUTILITY` sigmas), or found void
-    or misreported: settled as no win (verifiers stop spending runs on them) until later looks
-    say otherwise."""
-    judged = judge_claims(results, verifications, rules)
-    return set(_in_state(judged, "refuted", *DISQUALIFYING))
-
-
-def held_claims(
-    results: Iterable[Mapping[str, Any]], verifications: Iterable[Mapping[str, Any]], rules: Rules
-) -> dict[str, str]:
-    """{result id: why it is held}: verified by the evidence, held by the outlier hold."""
-    return {
-        rid: j.reason
-        for rid, j in _in_state(judge_claims(results, verifications, rules), HELD).items()
-    }
-
-
 def lineage_scores(
     results: Iterable[Mapping[str, Any]],
     judged: Mapping[str, Judgement],
