@@ -408,7 +408,7 @@ def verdict(
 
     `earlier_gains` are the gains (parent minus child) of the verifier's earlier looks at the
     same claim, each with its own seed: inconclusive, or confirming when the claim is held for
-    more looks (`held_claims`). Then the verdict weighs the mean of
+    more looks (`HELD`). Then the verdict weighs the mean of
     every look's gain against the margin shrunk by the square root of their number (the noise
     of a mean of n runs), so a real gain smaller than one run's noise is confirmed after a few
     looks, and none is never."""
