@@ -2,11 +2,11 @@
 `swarm local` (so every node gets the same share of the cores), then the best val_bpb of each
 over time, read back from their ledgers.
 
-For the swarm: the best *verified* head (the consensus rule over the facts known at that minute:
-confirmed by the quorum of peers other than its author) and the best kept claim of any node. A
-node alone has no peers to verify it, so only its best kept claim exists. Each val_bpb is the one
-its author measured; the baseline is the mean of the node's own runs of the baseline, and its
-noise the spread of its paired differences (docs/trainer.md).
+For each: the head under the adoption rule over the facts known at that minute (its score is the
+sum of the verified gains along its lineage, pooled from peers other than each claim's author:
+docs/swarm.md) and the best kept claim of any node (the lowest val_bpb its author signed). A node
+alone has no peers to verify it, so its head stays the baseline. The baseline val_bpb is the mean
+of the node's own runs of it, and its noise the spread of its paired differences.
 
     python scripts/bench_swarm.py --minutes 20 --profile cpu --nodes 3
 """
@@ -14,6 +14,7 @@ noise the spread of its paired differences (docs/trainer.md).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -40,15 +41,16 @@ def launch(root: Path, nodes: int, args: argparse.Namespace) -> subprocess.Popen
 
 
 def timeline(home: Path, profile: str, baseline: str, quorum: int, minutes: float, t0_ms: int) -> dict:
-    """Per minute: the best verified head's val_bpb and the best kept claim, from one ledger."""
+    """Per minute, from one ledger: the head under the adoption rule over the facts known by
+    then (its score: the verified gains below the baseline, and the steps of its lineage) and
+    the best kept claim (the lowest val_bpb any author signed); at the end, every claim's state
+    and the verified ones."""
     with Ledger(ledger_path(home), readonly=True) as ledger:
-        results, _ = swarm_rows(ledger, profile)
-        verifications = ledger.rows(
-            "SELECT result, author, verdict, profile, harness, delta, seed, time FROM verifications "
-            "WHERE profile = ?",
-            (profile,),
-        )
+        results, verifications = swarm_rows(ledger, profile)
+        rules = ledger.rules(profile, quorum)
         times = {r["id"]: r["time"] for r in ledger.rows("SELECT id, time FROM results")}
+        looked = {(v["result"], v["author"], v["seed"]): v["time"] for v in ledger.rows(
+            "SELECT result, author, seed, time FROM verifications WHERE profile = ?", (profile,))}  # fmt: skip
         own = [r["val_bpb"] for r in ledger.rows(
             "SELECT val_bpb FROM runs WHERE child = ? AND parent = child AND val_bpb IS NOT NULL",
             (baseline,))]  # fmt: skip
@@ -58,17 +60,24 @@ def timeline(home: Path, profile: str, baseline: str, quorum: int, minutes: floa
         counts = {r["outcome"]: r["n"] for r in ledger.rows(
             "SELECT outcome, COUNT(*) AS n FROM results WHERE profile = ? GROUP BY outcome", (profile,))}  # fmt: skip
     harness = harness_sha256(get_profile(profile))
-    rows = []
+    rows, judged = [], {}
     for minute in range(1, int(minutes) + 1):
         cut = t0_ms + minute * 60_000
         known = [r for r in results if times[r["id"]] <= cut]
-        votes = [v for v in verifications if v["time"] <= cut]
-        head = consensus.best_head(known, votes, profile, baseline, quorum, harness)
-        made = [r["val_bpb"] for r in known if r["child"] == head and r["outcome"] == "keep"]
-        kept = [r["val_bpb"] for r in known if r["outcome"] == "keep" and r["val_bpb"] is not None]
-        rows.append({"minute": minute, "verified": min(made) if made else None, "kept": min(kept) if kept else None})
+        votes = [v for v in verifications if looked[(v["result"], v["author"], v["seed"])] <= cut]
+        scores, judged = consensus.standings(known, votes, profile, baseline, rules, harness)
+        head = scores[consensus.head_of(scores)]
+        kept = [r["val_bpb"] for r in known if r["val_bpb"] is not None]
+        rows.append({"minute": minute, "head_gain": 0.0 - head.score, "head_se": head.se,
+                     "head_steps": head.steps, "kept": min(kept) if kept else None})  # fmt: skip
+    by_id = {r["id"]: r for r in results}
+    states = dict(collections.Counter(j.state for j in judged.values()))
+    verified = [{"description": by_id[rid]["description"], "author": by_id[rid]["author"][:12],
+                 "gain": j.gain, "se": j.se, "seeds": j.seeds, "peers": len(j.peers)}
+                for rid, j in judged.items() if j.state == "verified"]  # fmt: skip
     return {"baseline": statistics.fmean(own) if own else None, "baseline_runs": len(own),
-            "sigma": sigma, "sigma_df": df, "outcomes": counts, "minutes": rows}  # fmt: skip
+            "sigma": sigma, "sigma_df": df, "outcomes": counts, "claims": states,
+            "verified": verified, "minutes": rows}  # fmt: skip
 
 
 def main() -> None:
@@ -104,10 +113,15 @@ def main() -> None:
         part = out[name]
         print(f"{name}: baseline {fmt(part['baseline'])} ({part['baseline_runs']} runs), paired noise "
               f"{part['sigma']:.4f} ({part['sigma_df']} degrees of freedom), results {part['outcomes']}")
-    print("minute  swarm verified  swarm best kept  alone best kept")
+    print("minute  swarm head gain (se, steps)  swarm best kept  alone best kept")
     for s, a in zip(out["swarm"]["minutes"], out["alone"]["minutes"], strict=True):
-        print(f"{s['minute']:6d}  {fmt(s['verified']):>14}  {fmt(s['kept']):>15}  {fmt(a['kept']):>15}")
-
+        head = f"{s['head_gain']:.4f} ({s['head_se']:.4f}, {s['head_steps']})"
+        print(f"{s['minute']:6d}  {head:>28}  {fmt(s['kept']):>15}  {fmt(a['kept']):>15}")
+    for name in ("swarm", "alone"):
+        print(f"{name}: claims {out[name]['claims']}")
+        for v in out[name]["verified"]:
+            print(f"  verified {v['gain']:+.4f} (se {v['se']:.4f}, {v['seeds']} seeds from "
+                  f"{v['peers']} peers) by {v['author']}: {v['description']}")
 
 if __name__ == "__main__":
     main()
