@@ -1,11 +1,20 @@
-"""Benchmark a profile: val_bpb over seeds, throughput, MFU, memory and overhead, per train.py variant.
+"""Benchmark a profile: val_bpb over seeds and budgets, throughput, MFU and overhead, per recipe.
 
-Runs train.py variants through the real runner and prints one table. On CUDA it first measures
-the device's bf16 matrix rate (the MFU denominator). A machine with no network can take its data
-as a tarball of a built cache (`--data`, see docs/trainer.md), unpacked into $SWARM_DATA.
+Runs recipes through the real runner and prints one table. A recipe is a variant of the baseline
+train.py (`--variants`, a few replacements in its text) or any train.py of your own
+(`--train-py`, as often as you like), so that another recipe can stand beside ours on the same
+budgets (`--budget`, in tokens, several allowed) and seeds. Runs go seed by seed, budget by
+budget, every recipe in turn, so that a slow spell of the machine hits all recipes alike and a
+session cut short leaves every recipe with the same seeds done. On CUDA
+it first measures the device's bf16 matrix rate (the measured MFU's denominator; the table also
+gives MFU against the 989 TFLOP/s datasheet rate of an H100/H200). A machine with no network can
+take its data as a tarball of a built cache (`--data`, see docs/trainer.md), unpacked into
+$SWARM_DATA, or as a built token folder (`--tokens`).
 
     python scripts/bench_trainer.py --profile cpu --variants baseline lr10x --seeds 0 1 2
     python scripts/bench_trainer.py --profile gpu --data gpu-data.tar.xz --seeds 0 1 2
+    python scripts/bench_trainer.py --profile gpu --data gpu-data.tar.xz --train-py mine.py \\
+        --budget 33554432 100663296 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -14,19 +23,20 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import time
 from pathlib import Path
 
 import torch
 
-from node.trainer import BASELINE_TRAIN_PY, get_profile, prepare_data, run_experiment
+from node.trainer import BASELINE_TRAIN_PY, TokenData, get_profile, prepare_data, run_experiment
+
+DATASHEET_FLOPS = 989e12  # dense bf16 of an H100/H200 SXM, the rate MFU is usually quoted against
 
 # Each variant is a list of (old, new) replacements applied to the baseline train.py.
 VARIANTS = {
     "baseline": [],
-    "regional": [("step_model = torch.compile(model, dynamic=False) if COMPILE else model",
-                  "for block in model.blocks:\n    block.compile(dynamic=False)\nstep_model = model")],
     "wide": [('"gpu": (8, 512, 128, 128, 2)', '"gpu": (8, 768, 128, 128, 2)')],
     "batch1": [('"gpu": (8, 512, 128, 128, 2)', '"gpu": (8, 512, 128, 256, 1)')],
     "lr10x": [("MATRIX_LR = 0.02 ", "MATRIX_LR = 0.2 ")],  # a deliberately bad change
@@ -64,57 +74,103 @@ def write_variant(name: str, folder: Path) -> Path:
     return path
 
 
+def recipes(variants: list[str], files: list[Path], folder: Path) -> dict[str, Path]:
+    """Name -> train.py: the baseline's variants, then each file named by its stem."""
+    chosen = {name: write_variant(name, folder) for name in variants}
+    for path in files:
+        if not path.is_file():
+            raise SystemExit(f"--train-py {path}: no such file")
+        name = path.stem
+        if name in chosen:
+            raise SystemExit(f"--train-py {path}: a recipe named {name!r} is already on the list; rename the file")
+        chosen[name] = path
+    return chosen
+
+
+def print_table(rows: list[dict]) -> None:
+    """One line per run, then the mean val_bpb of each recipe at each budget."""
+    print()
+    print(f"{'recipe':18} {'budget':>11} {'seed':>4} {'val_bpb':>8} {'tok/s':>10} {'MFU989':>6} {'MFU':>6} "
+          f"{'peakGiB':>7} {'start':>6} {'train':>6} {'eval':>5} {'total':>6}")
+    for r in rows:
+        head = f"{r['recipe']:18} {r['budget_tokens']:>11,} {r['seed']:>4}"
+        if r["outcome"] != "ok":
+            print(f"{head} {r['outcome']}: {r['error']}")
+            continue
+        mfu989, mfu = (f"{'-':>6}",) * 2 if r["mfu"] is None else (  # None: a CPU
+            f"{r['flops_per_token'] * r['tokens_per_second'] / DATASHEET_FLOPS:6.1%}", f"{r['mfu']:6.1%}")
+        print(f"{head} {r['val_bpb']:8.4f} {r['tokens_per_second']:10,.0f} {mfu989} {mfu} "
+              f"{r['peak_memory_mb'] / 1024:7.1f} {r['startup_seconds']:6.1f} {r['train_seconds']:6.1f} "
+              f"{r['eval_seconds']:5.1f} {r['total_seconds']:6.1f}")
+    print()
+    print(f"{'recipe':18} {'budget':>11} {'runs':>4} {'mean':>8} {'stdev':>7} {'tok/s':>10} {'MFU989':>6}")
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["recipe"], r["budget_tokens"]), []).append(r)
+    for (recipe, budget), runs in groups.items():
+        ok = [r for r in runs if r["outcome"] == "ok"]
+        if not ok:
+            print(f"{recipe:18} {budget:>11,} {0:>4} no run scored")
+            continue
+        scores = [r["val_bpb"] for r in ok]
+        spread = f"{statistics.stdev(scores):7.4f}" if len(scores) > 1 else f"{'-':>7}"
+        rate = statistics.mean(r["tokens_per_second"] for r in ok)
+        mfu989 = f"{'-':>6}" if ok[0]["mfu"] is None else \
+            f"{statistics.mean(r['flops_per_token'] * r['tokens_per_second'] for r in ok) / DATASHEET_FLOPS:6.1%}"
+        print(f"{recipe:18} {budget:>11,} {len(ok):>4} {statistics.mean(scores):8.4f} {spread} {rate:10,.0f} {mfu989}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="gpu", choices=["gpu", "cpu", "test"])
     parser.add_argument("--data", type=Path, help="tarball of a built data cache to unpack first")
-    parser.add_argument("--variants", nargs="+", default=["baseline"], choices=sorted(VARIANTS))
-    parser.add_argument("--budget", type=int, help="override the profile's training budget (tokens)")
+    parser.add_argument("--tokens", type=Path, help="a built token folder instead of the profile's data")
+    parser.add_argument("--variants", nargs="*", default=["baseline"], choices=sorted(VARIANTS),
+                        help="variants of the baseline train.py (none: only the --train-py files)")
+    parser.add_argument("--train-py", type=Path, action="append", default=[], metavar="FILE",
+                        help="a train.py of your own to bench beside the variants (repeatable)")
+    parser.add_argument("--budget", type=int, nargs="+", metavar="TOKENS",
+                        help="training budgets in tokens, instead of the profile's own")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
     args = parser.parse_args()
     cache = Path(os.environ.setdefault("SWARM_DATA", "/tmp/swarm-data"))
     cache.mkdir(parents=True, exist_ok=True)
-    if args.data and not (cache / "tokens").exists():
-        subprocess.run(["tar", "-xJf", str(args.data), "-C", str(cache)], check=True)
+    if args.data and not (cache / "tokens").exists():  # any compression tar knows
+        subprocess.run(["tar", "-xf", str(args.data.resolve()), "-C", str(cache)], check=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    scripts = recipes(args.variants, args.train_py, args.out)
+    if not scripts:
+        raise SystemExit("nothing to run: name --variants or --train-py")
 
-    profile = get_profile(args.profile, "embedded:default" if args.profile == "gpu" else None)
-    if args.budget:
-        profile = dataclasses.replace(profile, budget_tokens=args.budget)
+    base = get_profile(args.profile, "embedded:default" if args.profile == "gpu" else None)
     rate = 0.0
-    if profile.device == "cuda":
+    if base.device == "cuda":
         rate = matmul_rate()
         os.environ["SWARM_PEAK_FLOPS"] = str(rate)
         print(f"device {torch.cuda.get_device_name()}: bf16 matmul 8192^3 {rate / 1e12:.0f} TFLOP/s (MFU denominator)", flush=True)
-    data = prepare_data(profile, cache, print)
+    if args.tokens:
+        folder = args.tokens.resolve()  # the runs start in folders of their own
+        data = TokenData(folder, json.loads((folder / "manifest.json").read_text()))
+    else:
+        data = prepare_data(base, cache, print)
     rows = []
-    for name in args.variants:
-        script = write_variant(name, args.out)
-        for seed in args.seeds:
-            began = time.time()
-            result = run_experiment(script, profile, data, Path(f"/tmp/bench-runs/{name}-{seed}-{int(began)}"), seed=seed,
-                                    on_event=lambda e: e["event"] in ("started", "train_start", "eval_start", "result") and print(f"  {e}", flush=True))
-            row = {"variant": name, "matmul_tflops": rate / 1e12, **result.as_dict()}
-            rows.append(row)
-            with (args.out / f"bench_{profile.name}.jsonl").open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(f"{name} seed {seed}: {result.outcome} val_bpb={result.val_bpb} sandboxed={result.sandboxed} "
-                  f"{result.error or ''}", flush=True)
-            if result.error:
-                print(result.log_tail)
-    print()
-    print(f"{'variant':10} {'seed':>4} {'val_bpb':>8} {'tok/s':>10} {'MFU':>6} {'MFU989':>6} {'peakGiB':>7} "
-          f"{'start':>6} {'train':>6} {'eval':>5} {'exit':>5} {'total':>6} {'train%':>6}")
-    for r in rows:
-        if r["outcome"] != "ok":
-            print(f"{r['variant']:10} {r['seed']:>4} crash: {r['error']}")
-            continue
-        mfu989 = r["flops_per_token"] * r["tokens_per_second"] / 989e12
-        exit_seconds = r["total_seconds"] - r["startup_seconds"] - r["train_seconds"] - r["eval_seconds"]
-        print(f"{r['variant']:10} {r['seed']:>4} {r['val_bpb']:8.4f} {r['tokens_per_second']:10,.0f} {r['mfu'] or 0:6.1%} "
-              f"{mfu989:6.1%} {r['peak_memory_mb'] / 1024:7.1f} {r['startup_seconds']:6.1f} {r['train_seconds']:6.1f} "
-              f"{r['eval_seconds']:5.1f} {exit_seconds:5.1f} {r['total_seconds']:6.1f} {r['train_seconds'] / r['total_seconds']:6.1%}")
+    for seed in args.seeds:
+        for budget in args.budget or [base.budget_tokens]:
+            profile = dataclasses.replace(base, budget_tokens=budget)
+            for name, script in scripts.items():
+                began = time.time()
+                result = run_experiment(script, profile, data, Path(f"/tmp/bench-runs/{name}-{budget}-{seed}-{int(began)}"), seed=seed,
+                                        on_event=lambda e: e["event"] in ("started", "train_start", "eval_start", "result") and print(f"  {e}", flush=True))
+                row = {"recipe": name, "matmul_tflops": rate / 1e12, **result.as_dict()}
+                rows.append(row)
+                with (args.out / f"bench_{profile.name}.jsonl").open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"{name} budget {budget:,} seed {seed}: {result.outcome} val_bpb={result.val_bpb} "
+                      f"tokens/s={result.tokens_per_second} sandboxed={result.sandboxed} {result.error or ''}", flush=True)
+                if result.error:
+                    print(result.log_tail)
+    print_table(rows)
 
 
 if __name__ == "__main__":
