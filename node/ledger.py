@@ -163,11 +163,14 @@ class Ledger(LedgerQueries):
 
     def __init__(
         self, path: Path | str, campaign: str | None = None, readonly: bool = False,
-        durable: bool = False,
+        durable: bool = False, clock: Callable[[], int] = _now_ms,
     ) -> None:  # fmt: skip
+        """`clock`: milliseconds since the epoch, for the facts this node signs and the skew
+        check on those it receives (a simulation gives its virtual clock)."""
         self.path = Path(path)
         self.campaign = campaign
         self.readonly = readonly
+        self.clock = clock
         try:
             if readonly:
                 if not self.path.is_file():
@@ -254,7 +257,7 @@ class Ledger(LedgerQueries):
 
         `from_peer` is the peer that delivered them (gossip), charged with the rejections.
         """
-        now = _now_ms() if now_ms is None else now_ms
+        now = self.clock() if now_ms is None else now_ms
         decoded = [wire.decode(raw, self.campaign, now) for raw in raws]
         with self._write() as conn:
             out = [
@@ -376,7 +379,7 @@ class Ledger(LedgerQueries):
     def record_offences(self, offences: Mapping[tuple[str, str], int]) -> None:
         """Add counts of refused messages that never reached `ingest` ({(peer, reason): n}): what
         the gossip layer refused itself (floods, junk frames, bad libp2p signatures)."""
-        now = _now_ms()
+        now = self.clock()
         with self._write() as conn:
             for (peer, reason), n in offences.items():
                 conn.execute(
@@ -397,7 +400,7 @@ class Ledger(LedgerQueries):
         it, ready to gossip. Raises LedgerError if the ledger refuses it."""
         if self.campaign is None:
             raise LedgerError("open the ledger with a campaign to publish facts in it")
-        now = _now_ms() if time_ms is None else time_ms
+        now = self.clock() if time_ms is None else time_ms
         seq = now if kind == "head" else self.next_seq(me.public_key)
         fact = wire.sign(me, kind, self.campaign, seq, body, now)
         stored = self.ingest(fact.raw, now_ms=now)
@@ -421,7 +424,7 @@ class Ledger(LedgerQueries):
                 "INSERT OR REPLACE INTO terms VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (terms["name"], terms.get("organiser"), terms["baseline"], int(terms["quorum"]),
                  None if members is None else json.dumps(sorted(members)), terms.get("fact"),
-                 _now_ms()),
+                 self.clock()),
             )  # fmt: skip
             self._judge_claims(conn)  # the rules changed: every claim is judged again
 
@@ -461,7 +464,7 @@ class Ledger(LedgerQueries):
         with self._write() as conn:
             conn.execute(
                 "INSERT OR IGNORE INTO versions VALUES (?, ?, ?, ?)",
-                (digest, len(source), source, _now_ms()),
+                (digest, len(source), source, self.clock()),
             )
         return digest
 

@@ -1,102 +1,141 @@
-"""The swarm simulation: deterministic, faster than one node, agreeing, safe below the quorum,
-healing after a partition. Small swarms over a few virtual hours: seconds each."""
+"""The swarm simulation: the calibrated landscape, the real research step in every honest node,
+deterministic, faster than one node, agreeing, and safe against a liar. Small swarms over a few
+virtual hours: seconds each."""
 
 from __future__ import annotations
 
 import statistics
 
 import numpy as np
+import pytest
 
 from node import wire
+from node.agent.researcher import Researcher
 from node.simulation import Settings, Simulation
 from node.simulation import landscape as land
+from node.simulation.study import figures
+
+EASY = 0.0025  # bpb: a target two or three ideas away, for swarms the tests can afford
 
 
 def _run(**kw) -> tuple[Simulation, dict]:
     sim = Simulation(Settings(**kw))
-    return sim, sim.run()
+    summary = sim.run()
+    sim.close()
+    return sim, summary
 
 
-def test_the_surrogate_is_the_documented_bowl_and_versions_are_real_hashes():
-    assert land.true_bpb(land.OPTIMUM) == land.FLOOR
-    assert land.true_bpb(land.BASELINE) > land.FLOOR + 0.1
-    x = np.array([0.5, -0.25, 0, 0, 0, 0, 0, 1.0])
-    assert land.version(x) == wire.content_ref(land.source(x).encode())[0]
-    runs = [land.measure(x, np.random.default_rng(i)) for i in range(400)]
-    assert abs(statistics.fmean(runs) - land.true_bpb(x)) < 0.0005
-    assert abs(statistics.stdev(runs) - land.NOISE_SD) < 0.0003
+def test_the_landscape_is_autoresearchs_improving_share_gain_sizes_and_noise():
+    improving, gains = [], []
+    for seed in range(20):
+        effects = land.Landscape(seed).effects
+        improving.append(float((effects > 0).mean()))
+        gains += (effects[effects > 0] / land.SEED_SD).tolist()
+    assert 0.14 < statistics.fmean(improving) < 0.20
+    assert 0.15 <= min(gains) and max(gains) <= 0.45
+    world, rng = land.Landscape(0), np.random.default_rng(0)
+    ideas, other = frozenset({3, 9}), frozenset({3, 9, 11})
+    seeds = range(400)
+    runs = np.array([world.measure(ideas, s, rng) for s in seeds])
+    pairs = np.array([world.measure(other, s, rng) for s in seeds]) - runs
+    replays = np.array([world.measure(ideas, s, rng) for s in seeds]) - runs
+    assert abs(runs.std() - land.SEED_SD) < 0.15 * land.SEED_SD  # the seed's luck dominates
+    assert abs(pairs.std() - land.PAIRED_SD) < 0.15 * land.PAIRED_SD  # pairing cancels it
+    assert abs(replays.std() - land.REPLAY_SD * 2**0.5) < 0.2 * land.REPLAY_SD * 2**0.5
+    assert abs(pairs.mean() - (world.true_bpb(other) - world.true_bpb(ideas))) < 0.0004
+    assert land.parse(land.source(other)) == other
+    assert land.version(other) == wire.content_ref(land.source(other).encode())[0]
 
 
-def test_the_same_seed_gives_the_same_facts_and_figures_and_another_seed_does_not():
-    settings = dict(nodes=4, hours=2.0, ledger="sqlite", loss=0.1, stop_at_target=False)
+def test_every_honest_node_is_the_real_researcher_and_the_run_is_deterministic():
+    settings = dict(nodes=4, hours=3.0, loss=0.1, stop_at_target=False)
     first, a = _run(seed=5, **settings)
     second, b = _run(seed=5, **settings)
     _, c = _run(seed=6, **settings)
+    assert all(type(n.researcher) is Researcher for n in first.nodes)
     assert [f.id for f in first.store.facts] == [f.id for f in second.store.facts]
-    a.pop("wall_seconds"), b.pop("wall_seconds"), c.pop("wall_seconds")
-    assert a == b
-    assert a["final_head"] != c["final_head"] or a["facts"] != c["facts"]
+    for summary in (a, b, c):
+        summary.pop("wall_seconds")
+    assert a == b and a != c
     assert a["rejected_by_ledgers"] == 0  # every fact passed every receiving node's ledger
+    kinds = {f.kind for f in first.store.facts}
+    assert kinds == {"result", "verification"}
+    looks = [f for f in first.store.facts if f.kind == "verification"]
+    assert any(f.body["replay_val_bpb"] is not None for f in looks)  # verifiers replay
+    assert not [f for f in looks if f.body["verdict"] in ("misreported", "void")]
+    assert a["runs_by_purpose"]["verify"] > 0 and a["runs_by_purpose"]["research"] > 0
 
 
-def test_the_shared_store_signs_the_same_facts_and_adopts_the_same_as_per_node_ledgers():
-    settings = dict(nodes=5, seed=1, hours=2.0, loss=0.1, stop_at_target=False)
-    ledgers, by_ledger = _run(ledger="sqlite", **settings)
-    shared, by_store = _run(ledger="shared", **settings)
-    assert [f.id for f in ledgers.store.facts] == [f.id for f in shared.store.facts]
-    for summary in (by_ledger, by_store):
-        summary.pop("wall_seconds"), summary.pop("settings")
-    assert by_ledger == by_store
+def test_a_swarm_reaches_the_target_faster_than_a_node_alone_and_agrees():
+    hours = {}
+    for name, kw in (("swarm", dict(nodes=6)), ("alone", dict(nodes=1))):
+        hours[name] = [_run(seed=seed, hours=300.0, target_gain=EASY, **kw)[1]["hours_to_target"]
+                       for seed in (0, 1)]  # fmt: skip
+    assert None not in hours["swarm"] and None not in hours["alone"], hours
+    assert statistics.fmean(hours["swarm"]) < statistics.fmean(hours["alone"]) / 2, hours
+    sim, summary = _run(nodes=6, seed=2, hours=300.0, target_gain=EASY, latency=2.0, loss=0.2)
+    assert summary["hours_to_target"] is not None and summary["all_agree"]
+    assert summary["final_head_gain"] >= EASY
+    assert {n.adopted() for n in sim.honest} == {summary["final_head"]}
 
 
-def test_a_small_swarm_reaches_the_target_faster_than_one_node():
-    alone, swarm = [], []
-    for seed in (0, 1):
-        alone.append(_run(nodes=1, seed=seed, hours=200.0, ledger="shared")[1])
-        swarm.append(_run(nodes=8, seed=seed, hours=200.0, ledger="shared")[1])
-    one = statistics.fmean(s["hours_to_target_local"] for s in alone)
-    eight = statistics.fmean(s["hours_to_target_verified"] for s in swarm)
-    assert eight < one / 2, (one, eight)
+def test_a_liar_never_holds_the_head_and_nothing_it_claims_is_built_on():
+    sim, summary = _run(nodes=6, seed=3, hours=8.0, liars=1, stop_at_target=False)
+    liar = next(n for n in sim.nodes if n.role == "liar")
+    claims = [f for f in sim.store.facts if f.kind == "result" and f.peer_id == liar.peer_id
+              and f.body["outcome"] == "keep"]  # fmt: skip
+    assert len(claims) >= 5  # it lied, and kept everything it tried
+    assert summary["liar_head_share"] == 0.0 and summary["fake_head_share"] == 0.0
+    assert summary["fakes_in_final_lineage"] == 0
 
 
-def test_all_nodes_agree_on_the_head_at_the_end_despite_latency_and_loss():
-    sim, summary = _run(nodes=6, seed=2, hours=3.0, latency=2.0, loss=0.2, stop_at_target=False)
-    assert summary["settings"]["path"] == "sqlite"
-    assert summary["all_agree"]
-    assert summary["final_head"] != sim.baseline
-    assert summary["seconds_to_agree_after_last_win"] is not None
-    assert {n.view.best_head() for n in sim.nodes} == {summary["final_head"]}
-
-
-def test_colluders_below_the_quorum_get_nothing_wrong_adopted():
-    sim, summary = _run(nodes=10, seed=3, hours=4.0, malicious=0.2, quorum=3, stop_at_target=False)
-    assert summary["malicious_nodes"] == 2 and summary["fake_claims"] > 20
-    assert not summary["wrong_adopted"]
-    assert summary["fakes_adopted"] == 0
-
-
-def test_colluders_at_the_quorum_get_their_fakes_adopted():
-    """The other side of the line, so that the check above is known to catch a fake."""
-    sim, summary = _run(nodes=10, seed=3, hours=2.0, malicious=0.3, quorum=2, stop_at_target=False)
-    assert summary["malicious_nodes"] == 3
-    assert summary["wrong_adopted"] and summary["fakes_adopted"] > 0
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (issue 17): made-up looks of 2 paired sds stay within the outlier test, and in "
+    "a campaign with members the adopters' re-scores and audits fall outside the committee; "
+    "seed 4 ends with 73 (open) and 26 (members) colluders' claims in the final lineage",
+)
+@pytest.mark.parametrize("membership", [False, True])
+def test_colluders_confirming_each_other_get_no_fake_into_the_final_lineage(membership):
+    _, summary = _run(nodes=10, seed=4, hours=8.0, colluders=0.3, membership=membership,
+                      stop_at_target=False)  # fmt: skip
+    assert summary["adversary_claims"] >= 10
+    assert summary["fakes_in_final_lineage"] == 0
 
 
 def test_a_partition_heals_and_both_halves_agree():
-    cut, _ = _run(
-        nodes=8, seed=4, hours=2.0, partition=(0.5, 2.5), ledger="shared", stop_at_target=False,
-        drain_hours=0.0,
-    )  # fmt: skip
+    cut, _ = _run(nodes=6, seed=4, hours=2.0, partition=(0.5, 2.5), stop_at_target=False,
+                  drain_hours=0.0)  # fmt: skip
     index = {n.peer_id: n.index for n in cut.nodes}
     during = [k for k, t in enumerate(cut.store.made) if 0.6 * 3600 < t < 1.9 * 3600]
+    assert during
     for k in during:  # while cut, no fact crossed from one half to the other
         side = index[cut.store.facts[k].peer_id] % 2
         assert not cut.store.held[1 - side :: 2, k].any()
-    assert during
-    sim, summary = _run(
-        nodes=8, seed=4, hours=4.0, partition=(0.5, 2.5), ledger="shared", stop_at_target=False
-    )
-    made_by_end = sum(1 for t in sim.store.made if t < 2.5 * 3600)
+    sim, summary = _run(nodes=6, seed=4, hours=4.0, partition=(0.5, 2.5), stop_at_target=False)
+    made_by_end = sum(1 for t in sim.store.made if t < 3.5 * 3600)
     assert sim.store.held[:, :made_by_end].all()  # every fact of either half reached everyone
     assert summary["all_agree"]
-    assert {n.view.best_head() for n in sim.nodes} == {summary["final_head"]}
+
+
+def test_the_study_reports_medians_intervals_and_unreached_seeds():
+    def summary(hours):
+        return {"hours_to_target": hours, "fakes_in_final_lineage": 0,
+                "false_steps_in_final_lineage": 0, "lineage_steps": 3, "liar_head_share": 0.0,
+                "fake_head_share": 0.0, "fast_share_of_lineage": None,
+                "fast_share_of_research_runs": 0.5, "final_head_gain": 0.003, "all_agree": True,
+                "runs_by_purpose": {"research": 10}, "settings": {"fast_hardware": 0.0}}  # fmt: skip
+
+    seeds = range(5)
+    runs = {"swarm": {s: summary(h) for s, h in zip(seeds, [2, 3, 4, 5, None], strict=True)},
+            "trusting": {s: summary(h) for s, h in zip(seeds, [2, 2, 3, 4, 5], strict=True)},
+            "lone_swarm_rule": {s: summary(h) for s, h in zip(seeds, [20, 45, 40, 30, 60], strict=True)},
+            "lone_keep_if_lower": {s: summary(None) for s in seeds}}  # fmt: skip
+    out = figures(runs, seeds)
+    assert out["median_hours"] == 4 and out["seeds_reaching_target"] == 4
+    assert out["trusting_median_hours"] == 3
+    assert out["verification_cost"]["value"] == pytest.approx(4 / 3 - 1)
+    assert out["speedup_vs_lone_swarm_rule"]["value"] == 10
+    low, high = out["speedup_vs_lone_swarm_rule"]["low"], out["speedup_vs_lone_swarm_rule"]["high"]
+    assert low <= 10 <= high and low < high
+    assert out["speedup_vs_keep_if_lower"]["value"] is None  # the lone node never got there

@@ -10,6 +10,7 @@ gossips the fact it returns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import statistics
 import time
@@ -68,11 +69,13 @@ class Step:
 
 def record_run(
     ledger: Ledger, result: RunResult, *, parent: str, child: str, outcome: str,
-    description: str, started: int, fact_id: str | None = None,
+    description: str, started: int, fact_id: str | None = None, finished: int | None = None,
 ) -> None:  # fmt: skip
-    """One of this node's runs in its ledger, with what pairing and its speed read of it."""
+    """One of this node's runs in its ledger, with what pairing and its speed read of it;
+    `finished` (ms) defaults to now."""
     ledger.record_run(
-        started=started, finished=int(time.time() * 1000), profile=result.profile,
+        started=started, finished=int(time.time() * 1000) if finished is None else finished,
+        profile=result.profile,
         parent=parent, child=child, outcome=outcome,
         val_bpb=result.val_bpb if result.outcome == "ok" else None, description=description,
         log_path=str(Path(result.run_dir) / "log.txt"), fact_id=fact_id, seed=result.seed,
@@ -86,14 +89,18 @@ def research_step(
     parent_score: Callable[[int], float | None], calibrating: bool = False, program: str = "",
     check: Check | None = policy_check, on_event: Callable[[dict], None] = lambda _: None,
     run: Callable[..., RunResult] = run_experiment, crew: Crew | None = None,
+    margin: Callable[[int], float] | None = None,
 ) -> Step:  # fmt: skip
     """Propose a change of `head`, check it, and run it paired with the head: on `seeds[0]`, and
     on `seeds[1]` too when the first pair looks like a win (or while `calibrating`, when the
     node still learns its noise: two seeds of one pair measure it). `parent_score(seed)` is this
     node's score of the head on a seed, measured when it has none. Keep the child only when its
     mean paired gain beats the margin for that many runs (`consensus.margin_for` of `sigma`, the
-    standard deviation of one paired difference), and publish a signed result of the pairs. With
-    a `crew`, a change that another worker of the node has in hand is refused."""
+    standard deviation of one paired difference; `margin(runs)` replaces it), and publish a signed
+    result of the pairs. With a `crew`, a change that another worker of the node has in hand is
+    refused."""
+    if margin is None:
+        margin = functools.partial(consensus.margin_for, sigma)
     context = context_from_ledger(
         ledger, head.source, profile.name, program, me=me.peer_id, parent_val_bpb=head.val_bpb
     )
@@ -126,7 +133,7 @@ def research_step(
         pairs: list[tuple[int, float, float]] = []
         runs: list[tuple[RunResult, int]] = []
         for seed in seeds[:2]:
-            if pairs and not (calibrating or _gain(pairs) > consensus.margin_for(sigma, 1)):
+            if pairs and not (calibrating or _gain(pairs) > margin(1)):
                 break
             if seed not in parents:
                 parents[seed] = parent_score(seed)
@@ -138,7 +145,7 @@ def research_step(
             script = run_dir.with_suffix(".py")
             script.write_text(proposal.source)
             result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
-            runs.append((result, started))
+            runs.append((result, started, int(time.time() * 1000)))
             if result.outcome != "ok" or result.val_bpb is None:
                 break
             pairs.append((seed, result.val_bpb, parents[seed]))
@@ -149,19 +156,18 @@ def research_step(
         elif last.outcome != "ok" or last.val_bpb is None:
             outcome, pairs = "crash", []
         else:
-            outcome = (
-                "keep" if _gain(pairs) > consensus.margin_for(sigma, len(pairs)) else "discard"
-            )
+            outcome = "keep" if _gain(pairs) > margin(len(pairs)) else "discard"
         reported = last if outcome in ("void", "crash") else first  # the run that says why
         body = wire.result_body_from_run(
             reported.as_dict(), parent=head.sha256, diff=diff.encode(),
             description=proposal.description, keep=outcome == "keep", pairs=pairs,
         )  # fmt: skip
         fact = ledger.publish(me, "result", body)
-        for result, started in runs:
+        for result, started, finished in runs:
             record_run(
                 ledger, result, parent=head.sha256, child=child, outcome=outcome,
-                description=proposal.description, started=started, fact_id=fact.id,
+                description=proposal.description, started=started, finished=finished,
+                fact_id=fact.id,
             )  # fmt: skip
     finally:
         if crew is not None:

@@ -167,8 +167,8 @@ class Researcher:
         """Take the head to build on (resuming this node's own kept chain) and its noise so far.
         No noise runs first: the first experiments' paired runs measure it."""
         self._update_noise()
-        self._adopt()
-        assert self.head is not None  # _adopt always leaves a head
+        self.adopt()
+        assert self.head is not None  # adopt always leaves a head
         # Resume the node's own kept chain on top of the adopted head, if it has one.
         seen = {self.head.sha256}
         while True:
@@ -185,10 +185,18 @@ class Researcher:
             self.crew.kept(self.head)
         self._set("ready")
 
-    def _adopt(self) -> None:
-        best = adoption.best_head(
+    def best_head(self) -> str:
+        """The head this node would adopt now: the campaign's best under the adoption rule,
+        reached through the authors it trusts."""
+        return adoption.best_head(
             self.ledger, self.profile.name, self.baseline, self.quorum, self.harness, self.trusted
         )
+
+    def adopt(self) -> None:
+        """Move to the best head when it changed (`best_head`): re-measure it (a look at the
+        claim that made it), build on it, and queue the other verified wins merged onto it. A
+        node that stopped researching still calls this to follow the swarm."""
+        best = self.best_head()
         if best == self.adopted:
             return
         source = self.ledger.version(best)
@@ -318,7 +326,7 @@ class Researcher:
             self.start()
         assert self.head is not None and self.margin is not None
         self._update_noise()
-        self._adopt()
+        self.adopt()
         self._follow_crew()
         self.steps += 1
         self.pending = len(self._open_claims(limit=1000))
@@ -335,15 +343,8 @@ class Researcher:
                 return verified
         self._set(f"research from {self.head.sha256[:12]}")
         self._researching = True
-        head = self.head
         try:
-            step = research_step(
-                self.ledger, self.me, self.proposer, head, self.sigma, self.profile,
-                self.data, self.work_dir, seeds=self.seeds(head.sha256),
-                parent_score=lambda seed: self.score_at(head.source, seed),
-                calibrating=self.sigma_df < CALIBRATION_DF, program=self.program,
-                check=self.check, on_event=self._event, run=self._run, crew=self.crew,
-            )  # fmt: skip
+            step = self._research(self.head)
         finally:
             self._researching = False
         if step.fact is not None:
@@ -358,6 +359,17 @@ class Researcher:
         if step.outcome == "refused" and self.verify_every:
             return self._verify_one() or step
         return step
+
+    def _research(self, head: Head) -> Step:
+        """One research step from `head`: a proposal run paired with the head on this node's
+        seeds for it, kept by the node's margin (`research_step`)."""
+        return research_step(
+            self.ledger, self.me, self.proposer, head, self.sigma, self.profile, self.data,
+            self.work_dir, seeds=self.seeds(head.sha256),
+            parent_score=lambda seed: self.score_at(head.source, seed),
+            calibrating=self.sigma_df < CALIBRATION_DF, program=self.program, check=self.check,
+            on_event=self._event, run=self._run, crew=self.crew,
+        )  # fmt: skip
 
     def _open_claims(self, limit: int) -> list:
         """Other peers' claims this node may verify now, the most promising first. Without a
@@ -389,6 +401,9 @@ class Researcher:
     def _look(self, claim: dict, why: str) -> Verified | None:
         """One look at a claim (a verification, an adopter's re-score, an audit), published:
         the child on this node's next seed for it, paired with its own score of the parent.
+        Verifications also replay the author's seed (`verify_claim`); re-scores and audits,
+        which every adopter makes, do not: a replay per claim and verifier is what catches a
+        misreport, and the verifiers' replays are there.
         A re-score's seed is the first this node pairs the adopted head with, so that the look
         costs one run of the parent. None when another worker has it or it cannot run here."""
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
@@ -409,7 +424,7 @@ class Researcher:
                 self.work_dir, seed=seed,
                 parent_score=None if parent is None
                 else functools.partial(self.score_at, parent.decode(), why=why),
-                check=self.check, run=self._run,
+                check=self.check, run=self._run, replay=why == "verify",
             )  # fmt: skip
         except AgentError as exc:
             self._set(f"cannot {why} {claim['id'][:12]}: {exc}"[:200])

@@ -129,7 +129,7 @@ class Verified:
     parent_val_bpb: float | None
     fact: wire.Fact
     child_run: RunResult | None  # None when the child broke the policy and never ran
-    replay_run: RunResult | None = None  # the child on the author's seed; None: not replayed
+    replay_run: RunResult | None = None  # the child on the author's seed; None: not run now
 
 
 def claimed_pairs(claim: Mapping[str, Any]) -> list[tuple[int, float, float]]:
@@ -147,7 +147,7 @@ def verify_claim(
     ledger: Ledger, me: Identity, claim: Mapping[str, Any], margin: float, profile: Profile,
     data: TokenData, work_dir: Path, *, seed: int = 0,
     parent_score: Callable[[int], float | None] | None = None,
-    check: Check | None = policy_check, run: Run = run_experiment,
+    check: Check | None = policy_check, run: Run = run_experiment, replay: bool = True,
 ) -> Verified:  # fmt: skip
     """Run the claim's child on `seed`, pair it with the parent on the same seed
     (`parent_score(seed)`: this node's score of the parent on a seed; where it gives none, the
@@ -155,9 +155,9 @@ def verify_claim(
     which also weighs this node's earlier looks at the claim (their signed deltas):
     inconclusive ones, and confirming ones when the claim is held for more looks.
 
-    Where this node's device class is the author's and its look did not refute the claim, it
-    also replays the author's first seed: a child or parent score that differs from the signed
-    one by more than the profile's replay tolerance is misreported. A child that fails `check`
+    Where `replay` is set, this node's device class is the author's and its look did not
+    refute the claim, it also replays the author's first seed: a child or parent score that
+    differs from the signed one by more than the profile's replay tolerance is misreported. A child that fails `check`
     (the policy) never runs and is refuted: no honest node could have run it. A child whose run
     this node's harness voided is void: the author skipped the checks or cheated; a void on
     timing (training past the budget, more work than the budget counts) is run once more first.
@@ -213,7 +213,7 @@ def verify_claim(
         # A claim this look refutes counts for nothing already: only one that may still count
         # is replayed, on the author's device class, where a replay gives the author's numbers.
         replayable = child_run.device_name and child_run.device_name == claim.get("device")
-        if pairs and replayable and verdict in ("confirm", "inconclusive"):
+        if replay and pairs and replayable and verdict in ("confirm", "inconclusive"):
             replay_run, replay_bpb, verdict = _replay(
                 pairs[0], runs, score_parent, profile.replay_tolerance, verdict
             )
@@ -229,21 +229,25 @@ def verify_claim(
 def _replay(
     claimed: tuple[int, float, float], runs: _Runs, score_parent: Callable[[int], float | None],
     tolerance: float, verdict: str,
-) -> tuple[RunResult, float | None, str]:  # fmt: skip
-    """(the replay's run, the child's replayed score, the verdict): misreported when the child's
-    or the parent's score on the author's seed is not the one the author signed."""
+) -> tuple[RunResult | None, float | None, str]:  # fmt: skip
+    """(the replay's run, None where an earlier run of the child on the author's seed stood in;
+    the child's replayed score; the verdict): misreported when the child's or the parent's
+    score on the author's seed is not the one the author signed."""
     seed, child, parent = claimed
-    replay = runs.child(seed, "replay")
-    if replay.outcome == "void":  # its harness refused the author's own seed
-        return replay, None, "void"
-    if replay.outcome != "ok" or replay.val_bpb is None:  # a crash here proves nothing
-        return replay, None, verdict
-    if abs(replay.val_bpb - child) > tolerance:
-        return replay, replay.val_bpb, "misreported"
+    replay, replayed = None, runs.known("child", seed)  # a run is a function of its seed
+    if replayed is None:
+        replay = runs.child(seed, "replay")
+        if replay.outcome == "void":  # its harness refused the author's own seed
+            return replay, None, "void"
+        if replay.outcome != "ok" or replay.val_bpb is None:  # a crash here proves nothing
+            return replay, None, verdict
+        replayed = replay.val_bpb
+    if abs(replayed - child) > tolerance:
+        return replay, replayed, "misreported"
     parent_here = score_parent(seed)
     if parent_here is not None and abs(parent_here - parent) > tolerance:
-        return replay, replay.val_bpb, "misreported"
-    return replay, replay.val_bpb, verdict
+        return replay, replayed, "misreported"
+    return replay, replayed, verdict
 
 
 @dataclass
@@ -265,6 +269,15 @@ class _Runs:
             # work: a void costs the author its standing at once, so the run must show it twice.
             result = self._run("child", seed, f"{name}-again-s{seed}")
         return result
+
+    def known(self, role: str, seed: int) -> float | None:
+        """This node's score of the claim's `role` on `seed` from a run it made before, if any."""
+        rows = self.ledger.rows(
+            "SELECT val_bpb FROM runs WHERE child = ? AND seed = ? AND profile = ? "
+            "AND harness = ? AND val_bpb IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (self.claim[role], seed, self.profile.name, self.claim["harness"]),
+        )
+        return rows[0]["val_bpb"] if rows else None
 
     def parent(self, seed: int) -> float | None:
         result = self._run("parent", seed, f"parent-s{seed}")

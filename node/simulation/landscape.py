@@ -1,95 +1,125 @@
-"""The surrogate trainer: a train.py "version" is a point in a small hyperparameter space, and its
-val_bpb is a known smooth function of that point plus Gaussian noise of a known sd per run.
+"""The surrogate trainer: a train.py "version" is a set of ideas, each on or off, and its val_bpb
+a known function of that set, measured with the noise a real run has.
 
-A version's text is canonical, so its sha256 is a real version hash. Pure functions of their
-inputs (the noise comes from the caller's generator): no clock, no I/O.
+Calibrated to autoresearch's measured history (docs/simulation.md): about 17% of the changes
+one can make improve the model, an improving change alone gains 0.15 to 0.45 of the seed noise
+(the spread of one version's val_bpb across seeds), and changes interact: a pair of ideas can
+help or hurt together beyond their sum.
+
+A run's val_bpb is `true_bpb` plus three terms: the seed's own luck, common to every version on
+that seed (what pairing child and parent on one seed cancels); the version's interaction with
+the seed (what pairing leaves: the paired noise); and the run's own nondeterminism (what a
+replay of the same version and seed still shows). Pure functions of their inputs: no clock, no
+I/O; the landscape is drawn from its seed, the noise from the caller's generator.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
-FLOOR = 0.900  # bpb at the optimum: nothing reaches below it
-# The optimum per dimension, and how steeply val_bpb rises away from it (bpb per unit squared).
-OPTIMUM = np.array([1.20, -0.90, 0.70, -0.50, 0.40, 1.50, -1.10, 0.30])
-WEIGHTS = np.array([0.030, 0.025, 0.020, 0.016, 0.012, 0.008, 0.006, 0.004])
-DIMS = len(OPTIMUM)
-BASELINE = np.zeros(DIMS)  # the campaign's baseline train.py
-NOISE_SD = 0.002  # bpb, one run's noise (the high end of the measured 0.0004 to 0.002)
-STEP_SD = 0.25  # a proposal moves one dimension by a normal step of this sd
-DECIMALS = 3  # coordinates are written with this many decimals, so a version is one text
-TRAIN_SECONDS = 300.0  # the profile's training budget
-RUN_SECONDS = 360.0  # one run on average: the budget plus start-up, evaluation, agent's turn
-OVERHEAD_SPREAD = 30.0  # a run's overhead varies uniformly this much either side of its mean
-HARNESS = hashlib.sha256(b"research-swarm surrogate harness v1").hexdigest()
+from node.trainer.profiles import get_profile
+
+PROFILE = get_profile("gpu")  # the profile the simulated nodes research on
+BASELINE_BPB = 1.0000  # the baseline's true val_bpb
+IDEAS = 1000  # the changes one can make: each idea is a line of train.py when it is on
+IMPROVING = 0.17  # the share of ideas that improve the baseline on their own
+GAIN_SEEDS = (0.15, 0.45)  # an improving idea's gain, uniform in this range of SEED_SD
+# The noise of one run. PAIRED_SD (bpb) is the gpu profile's paired noise, the sd of a paired
+# difference (child minus parent on one seed) and the rule's floor. Pairing cancels SEED_SD,
+# the seed's luck, common to every version on a seed: on the H200 two seeds of the baseline
+# differ by 0.006 (a run's sd about 0.0042) while three runs of one seed spread 0.0008 (what
+# no pairing cancels: a paired sd of about 0.0006), a ratio of about 7 (13.6 on the cpu
+# profile), so the gains, which autoresearch measured in seed noise, are 1 to 3 paired sds.
+# REPLAY_SD is a run's own nondeterminism (a replay of a version on a seed differs by about
+# 1.4 times it), the H200's; the version's own luck on a seed makes up the paired noise.
+PAIRED_SD = PROFILE.paired_noise
+SEED_SD = 7 * PAIRED_SD
+REPLAY_SD = 0.0004
+VERSION_SEED_SD = float(np.sqrt(PAIRED_SD**2 / 2 - REPLAY_SD**2))
+HARM_MEAN = 2 * PAIRED_SD  # a harmful idea's mean loss (exponential: most are mild, some awful)
+INTERACTING = 0.03  # the share of pairs of ideas that interact
+INTERACTION_SD = 0.5 * PAIRED_SD  # the sd of such a pair's extra effect, when both are on
+TARGET_GAIN = 0.02  # bpb below the baseline's true val_bpb: the research goal
+RUN_SECONDS = 360.0  # one run on average: the budget's 300 s plus start-up and evaluation
+OVERHEAD_SPREAD = 30.0  # a run's length varies uniformly this much either side of its mean
+DEVICE = "NVIDIA H200"  # every simulated node's device class: replays apply
 
 
-def true_bpb(x: np.ndarray) -> float:
-    """The noise-free val_bpb of a point: FLOOR + sum of WEIGHTS * (x - OPTIMUM) ** 2."""
-    return float(FLOOR + np.dot(WEIGHTS, (x - OPTIMUM) ** 2))
+@dataclass(frozen=True)
+class Landscape:
+    """The ideas' effects, drawn from `seed`: `effects[k]` is idea k's gain alone (negative:
+    a loss), `pairs` the interactions {(j, k): extra loss when both are on}."""
+
+    seed: int
+    effects: np.ndarray = field(init=False, repr=False)
+    pairs: dict[tuple[int, int], float] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng([self.seed, 7])
+        improving = rng.random(IDEAS) < IMPROVING
+        gains = rng.uniform(*GAIN_SEEDS, IDEAS) * SEED_SD
+        losses = rng.exponential(HARM_MEAN, IDEAS)
+        object.__setattr__(self, "effects", np.where(improving, gains, -losses))
+        count = rng.binomial(IDEAS * (IDEAS - 1) // 2, INTERACTING)
+        pairs: dict[tuple[int, int], float] = {}
+        while len(pairs) < count:
+            j, k = sorted(rng.choice(IDEAS, 2, replace=False).tolist())
+            pairs[(j, k)] = float(rng.normal(0.0, INTERACTION_SD))
+        object.__setattr__(self, "pairs", pairs)
+
+    def true_bpb(self, ideas: frozenset[int]) -> float:
+        """The noise-free val_bpb of a version: the baseline's, less the gains of its ideas,
+        plus their interactions."""
+        on = sorted(ideas)
+        extra = sum(self.pairs.get((j, k), 0.0) for a, j in enumerate(on) for k in on[a + 1 :])
+        return BASELINE_BPB - float(self.effects[on].sum()) + extra
+
+    def measure(self, ideas: frozenset[int], seed: int, rng: np.random.Generator) -> float:
+        """One run's val_bpb on `seed`: the seed's luck and the version's luck on it (fixed by
+        seed and version: a replay gets them again), plus the run's own noise from `rng`."""
+        luck = np.random.default_rng([self.seed, 1, seed]).normal(0.0, SEED_SD)
+        mine = np.random.default_rng([self.seed, 2, seed, *_words(ideas)]).normal(
+            0.0, VERSION_SEED_SD
+        )
+        return self.true_bpb(ideas) + float(luck + mine + rng.normal(0.0, REPLAY_SD))
 
 
-def measure(x: np.ndarray, rng: np.random.Generator) -> float:
-    """One run's val_bpb: the true value plus normal noise of sd NOISE_SD."""
-    return true_bpb(x) + float(rng.normal(0.0, NOISE_SD))
+def _words(ideas: frozenset[int]) -> list[int]:
+    digest = hashlib.sha256(",".join(map(str, sorted(ideas))).encode()).digest()
+    return [int.from_bytes(digest[i : i + 4], "big") for i in range(0, 16, 4)]
 
 
-def quantise(x: np.ndarray) -> np.ndarray:
-    return np.round(x, DECIMALS) + 0.0  # + 0.0 turns -0.0 into 0.0
+HEADER = "# surrogate train.py: one line per idea that is on\n"
 
 
-def source(x: np.ndarray) -> str:
-    """The canonical train.py text of a point: one line per hyperparameter."""
-    lines = ["# surrogate train.py: val_bpb is a known function of these knobs"]
-    lines += [f"KNOB_{i} = {v:+.{DECIMALS}f}" for i, v in enumerate(quantise(x))]
-    return "\n".join(lines) + "\n"
+def source(ideas: frozenset[int]) -> str:
+    """The canonical train.py text of a version: a line per idea it turns on, in order."""
+    return HEADER + "".join(f"IDEA_{k:04d} = 1\n" for k in sorted(ideas))
 
 
-def parse(text: str) -> np.ndarray:
-    """The point a train.py text names (the inverse of `source`, for merged texts too)."""
-    x = BASELINE.copy()
+BASELINE_SOURCE = source(frozenset())
+
+
+def parse(text: str) -> frozenset[int]:
+    """The ideas a train.py text turns on (the inverse of `source`, for merged texts too)."""
+    on = set()
     for line in text.splitlines():
-        if line.startswith("KNOB_"):
+        if line.startswith("IDEA_"):
             name, _, value = line.partition(" = ")
-            x[int(name[5:])] = float(value)
-    return quantise(x)
+            if value.strip() == "1":
+                on.add(int(name[5:]))
+    return frozenset(on)
 
 
-def version(x: np.ndarray) -> str:
-    """sha256 of the point's canonical train.py text."""
-    return hashlib.sha256(source(x).encode()).hexdigest()
+def version(ideas: frozenset[int]) -> str:
+    """sha256 of the version's canonical train.py text."""
+    return hashlib.sha256(source(ideas).encode()).hexdigest()
 
 
-def diff(parent: np.ndarray, child: np.ndarray) -> bytes:
-    """The unified diff from the parent's train.py to the child's."""
-    lines = difflib.unified_diff(
-        source(parent).splitlines(True), source(child).splitlines(True), "a/train.py", "b/train.py"
-    )
-    return "".join(lines).encode()
-
-
-def run_seconds(rng: np.random.Generator) -> float:
-    """How long one run takes: RUN_SECONDS give or take OVERHEAD_SPREAD (uniform), so that
-    nodes drift apart as real machines do rather than step in lockstep."""
-    return RUN_SECONDS + float(rng.uniform(-OVERHEAD_SPREAD, OVERHEAD_SPREAD))
-
-
-def propose(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A random step from `x`: one dimension moved by a normal step of sd STEP_SD."""
-    child = x.copy()
-    child[rng.integers(DIMS)] += rng.normal(0.0, STEP_SD)
-    return quantise(child)
-
-
-def worse(x: np.ndarray, rng: np.random.Generator, by: float) -> np.ndarray:
-    """A random step from `x` whose true val_bpb is at least `by` higher (a cheat's child)."""
-    base = true_bpb(x)
-    while True:
-        child = x.copy()
-        child[rng.integers(DIMS)] += rng.normal(0.0, 4 * STEP_SD)
-        child = quantise(child)
-        if true_bpb(child) >= base + by:
-            return child
+def run_seconds(rng: np.random.Generator, speed: float = 1.0) -> float:
+    """How long one run takes on hardware `speed` times the reference: RUN_SECONDS give or take
+    OVERHEAD_SPREAD (uniform), so that nodes drift apart as real machines do."""
+    return (RUN_SECONDS + float(rng.uniform(-OVERHEAD_SPREAD, OVERHEAD_SPREAD))) / speed

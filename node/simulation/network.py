@@ -48,10 +48,18 @@ class FactStore:
             self.held = grown
         return index
 
-    def missing(self, holder: int, lacker: int) -> list[int]:
-        """Facts `holder` has and `lacker` lacks, oldest first."""
+    def missing(self, holder: int, lacker: int, now: float) -> list[int]:
+        """Facts made by `now` that `holder` has and `lacker` lacks, in the order made."""
         n = len(self.facts)
-        return np.flatnonzero(self.held[holder, :n] & ~self.held[lacker, :n]).tolist()
+        made = np.asarray(self.made) <= now
+        return np.flatnonzero(self.held[holder, :n] & ~self.held[lacker, :n] & made).tolist()
+
+    def rows_for(self, profile: str) -> tuple[list[dict], list[dict]]:
+        """(kept results, verifications) of `profile` among every fact made, as `consensus`
+        reads them."""
+        results = [r for r in self.rows if "verdict" not in r and r["outcome"] == "keep"
+                   and r["profile"] == profile]  # fmt: skip
+        return results, [r for r in self.rows if "verdict" in r and r["profile"] == profile]
 
 
 @dataclass

@@ -1,201 +1,253 @@
-"""A simulated node's research loop, step for step the Researcher's: measure its own noise, adopt
-the best verified head, verify every `verify_every`-th step, else research from its head.
+"""The simulated nodes. An honest node is the real `Researcher` on a real in-memory `Ledger`,
+given a surrogate trainer (`landscape`) for its runs and a proposer that turns one idea on or
+off: its research step, verification, adoption, re-scores and audits are the product's own.
 
-A loop is a generator that yields the virtual seconds each run takes; the simulation resumes it
-when they have passed. A colluding node instead claims fake wins and confirms its partners'.
+Adversaries: a liar is an honest node that signs its own children's scores lower than it
+measured; a colluder runs nothing, claims a child of no real gain on the one seed of many that
+flatters it, confirms its partners' claims with made-up looks and refutes honest ones.
 """
 
 from __future__ import annotations
 
 import hashlib
 import statistics
-from collections.abc import Generator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from node import consensus, wire
-from node.agent import adoption
+from node.agent.errors import ProposalRefused
+from node.agent.loop import Head, Step, research_step
+from node.agent.patch import diff_hash, make_diff, normalise_diff
+from node.agent.proposers import Context, Proposal
+from node.agent.researcher import Researcher
+from node.agent.verifier import claimed_pairs
+from node.evidence import Judgement
 from node.identity import Identity
+from node.ledger import Ledger
 from node.simulation import landscape as land
-from node.simulation.views import PROFILE, SharedView
+from node.trainer import RunResult, harness_sha256
 
 if TYPE_CHECKING:
     from node.simulation.swarm import Simulation
 
-Loop = Generator[float, None, None]
-FAKE_GAIN = 0.010  # a cheat claims its child beats its parent by this much
-FAKE_WORSE = 0.005  # while the child is truly worse than the parent by at least this much
+CAMPAIGN = "sim"
+HARNESS = harness_sha256(land.PROFILE)
+LIE = 0.05  # bpb: how much lower than measured a liar signs its own children's scores
+FAST_OFFSET = -0.01  # bpb: every score on the fast device class reads this much lower
+FAST_SPEED = 1.5  # the fast device class runs this many times as many experiments an hour
+COLLUDER_TRIES = 20  # seeds a colluder tries to find the one that flatters its child most
+COLLUDER_HARM = 0.001  # bpb: a colluder's child is worse than its parent by at most this much
+MADE_UP_GAIN = 0.004  # bpb: the gain a colluder's made-up look shows (or, framing, the loss)
+
+
+class SimProposer:
+    """A proposer over the surrogate: turn one idea on or off, never a change already tried on
+    the parent (by this node or a peer: the context's tried hashes)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.proposed: set[str] = set()  # sha256 of every child this proposer wrote
+        self.tried: dict[str, set[int]] = {}  # parent -> ideas known tried on it
+
+    def propose(self, context: Context) -> Proposal:
+        ideas = land.parse(context.train_py)
+        tried, known = context.tried_hashes, self.tried.setdefault(context.parent, set())
+        for k in self.rng.permutation(land.IDEAS).tolist():
+            if k in known:
+                continue
+            known.add(k)
+            text = land.source(ideas ^ {k})
+            if diff_hash(normalise_diff(make_diff(context.train_py, text))) not in tried:
+                self.proposed.add(land.version(ideas ^ {k}))
+                return Proposal(f"idea {k} {'off' if k in ideas else 'on'}", text)
+        raise ProposalRefused("every idea was tried on this parent")
+
+
+class KeepIfLower(Researcher):
+    """autoresearch's rule, for comparison: each change runs once, on the head's first seed,
+    and is kept when its val_bpb is lower than the head's there."""
+
+    def _research(self, head: Head) -> Step:
+        return research_step(
+            self.ledger, self.me, self.proposer, head, self.sigma, self.profile, self.data,
+            self.work_dir, seeds=self.seeds(head.sha256, 1),
+            parent_score=lambda seed: self.score_at(head.source, seed), check=self.check,
+            run=self._run, crew=self.crew, margin=lambda runs: 0.0,
+        )  # fmt: skip
+
+
+class Trusting(Researcher):
+    """The same node adopting every claim unverified, for comparison: a version's score is its
+    lineage of gains as their authors claimed them."""
+
+    def best_head(self) -> str:
+        results, _ = self.ledger.claim_rows(self.profile.name)
+        kept = consensus.versions_of(results, self.profile.name, self.harness)
+        judged = {}
+        for r in kept:
+            gain = claimed_gain(r)
+            if gain is not None and gain > 0:
+                judged[r["id"]] = Judgement("verified", gain=gain, se=0.0, seeds=1)
+        return consensus.head_of(consensus.lineage_scores(kept, judged, self.baseline))
+
+
+def claimed_gain(result: dict) -> float | None:
+    """The author's own mean paired gain of a result (parent minus child), from its signed pairs."""
+    pairs = claimed_pairs(result)
+    return statistics.fmean(p - c for _, c, p in pairs) if pairs else None
 
 
 class SimNode:
-    """One node: its key, its view of the swarm's facts, its own runs, its head."""
+    """One node: its key, its ledger, its Researcher (or a colluder's script), its hardware."""
 
-    def __init__(self, sim: Simulation, index: int, view: SharedView, malicious: bool) -> None:
-        self.sim, self.index, self.view, self.malicious = sim, index, view, malicious
-        # A key derived from the seed: the same run signs the same bytes (Ed25519 is deterministic).
-        self.me = Identity(hashlib.sha256(f"sim {sim.settings.seed} {index}".encode()).digest())
+    def __init__(self, sim: Simulation, index: int, role: str, fast: bool = False) -> None:
+        s = sim.settings
+        self.sim, self.index, self.role, self.fast = sim, index, role, fast
+        self.speed = FAST_SPEED if fast else 1.0
+        self.device = land.DEVICE + (" (fast)" if fast else "")
+        self.me = self.identity(s.seed, index)
         self.peer_id = self.me.peer_id
-        self.rng = np.random.default_rng([sim.settings.seed, index, 1])
-        self.scores: dict[str, list[float]] = {}  # this node's own runs, by version
-        self.looks: dict[str, list[float]] = {}  # gains of its inconclusive looks, by claim
-        self.margin: float | None = None
-        self.head = sim.baseline
-        self.head_score = 0.0
-        self.adopted: str | None = None
-        self.queue: list[tuple[str, np.ndarray, str]] = []  # merges onto the adopted head
-        self.steps = 0
-        self.runs = 0
-        self.token = 0  # bumped when the node leaves: a pending resume of the old loop is void
+        self.rng = np.random.default_rng([s.seed, index, 1])
+        self.ledger = Ledger(":memory:", campaign=CAMPAIGN, clock=sim.clock_ms)
+        self.ledger.set_terms(sim.terms)
+        self.ledger.add_version(land.BASELINE_SOURCE.encode())
+        self.rejected = 0
+        self.token = 0  # bumped when the node leaves: a pending resume of the old life is void
+        self.proposer = SimProposer(self.rng)
+        kind = {"keep-if-lower": KeepIfLower, "trusting": Trusting}.get(s.rule, Researcher)
+        work = Path(sim.work_dir) / f"node{index}"
+        self.researcher = kind(
+            self.ledger, self.me, self.proposer, land.PROFILE, None, work, land.BASELINE_SOURCE,
+            quorum=s.quorum, verify_every=0 if s.rule == "trusting" else s.verify_every,
+            check=None, publish=self._publish, run=self._run,
+        )  # fmt: skip
+        self.partners: list[SimNode] = []  # a colluder's
+        self.framed: set[str] = set()
 
-    # ------------------------------------------------------------ runs and facts
+    @staticmethod
+    def identity(seed: int, index: int) -> Identity:
+        """A key derived from the seed: the same run signs the same bytes (Ed25519 is
+        deterministic)."""
+        return Identity(hashlib.sha256(f"sim {seed} {index}".encode()).digest())
 
-    def _run(self, version: str, why: str) -> Generator[float, None, float]:
-        """One run of `version` (`run_seconds` of virtual time), recorded as this node's own;
-        `why` (noise, research, verify, adopt) is counted for the figures."""
-        yield land.run_seconds(self.rng)
-        self.runs += 1
-        self.sim.runs += 1
-        self.sim.runs_by_purpose[why] += 1
-        score = land.measure(self.sim.versions[version], self.rng)
-        self.scores.setdefault(version, []).append(score)
-        return score
+    # ------------------------------------------------------------ what the Researcher calls
 
-    def _score(self, version: str, why: str) -> Generator[float, None, float]:
-        """The Researcher's `score`: the mean of its own runs of a version, run now if none."""
-        if version not in self.scores:
-            yield from self._run(version, why)
-        return statistics.fmean(self.scores[version])
+    def _run(self, script: Path, profile, data, run_dir: Path, seed: int = 0, **_) -> RunResult:
+        """One surrogate run: its virtual seconds pass on the simulation's clock."""
+        text = Path(script).read_text()
+        self.sim.clock += land.run_seconds(self.rng, self.speed)
+        self.sim.count_run(self, text)
+        ideas = land.parse(text)
+        bpb = self.sim.landscape.measure(ideas, seed, self.rng) + (FAST_OFFSET if self.fast else 0)
+        version = hashlib.sha256(text.encode()).hexdigest()
+        if self.role == "liar" and version in self.proposer.proposed:
+            bpb -= LIE
+        return RunResult(
+            outcome="ok", val_bpb=bpb, steps=1000, tokens=land.PROFILE.budget_tokens,
+            train_seconds=land.RUN_SECONDS - 60, total_seconds=land.RUN_SECONDS,
+            peak_memory_mb=None, mfu=None, train_py_sha256=version, harness_sha256=HARNESS,
+            profile=land.PROFILE.name, seed=seed, data_sha256="0" * 64,
+            device_name=self.device, run_dir=str(run_dir),
+        )  # fmt: skip
 
-    def _publish(self, kind: str, body: dict) -> wire.Fact:
-        fact = self.view.sign(self.me, kind, body, self.sim.now)
+    def _publish(self, fact: wire.Fact) -> None:
         self.sim.publish(self, fact)
-        return fact
 
-    def _result(
-        self, parent: str, child: str, outcome: str, val_bpb: float, what: str = "surrogate step"
-    ) -> wire.Fact:
-        body = wire.result_body(
-            parent=parent, child=child,
-            diff=land.diff(self.sim.versions[parent], self.sim.versions[child]),
-            description=what, profile=PROFILE,
-            harness=land.HARNESS, seed=self.runs, outcome=outcome,
-            metrics={"val_bpb": val_bpb, "steps": 1000, "tokens": 524288 * 1000,
-                     "train_seconds": land.TRAIN_SECONDS, "total_seconds": land.RUN_SECONDS},
-        )  # fmt: skip
-        return self._publish("result", body)
+    # ------------------------------------------------------------ the simulation calls
 
-    def _verification(
-        self, result: str, child: float, parent: float, verdict: str, seed: int | None = None
-    ) -> None:
-        body = wire.verification_body(
-            result=result, child_val_bpb=child, parent_val_bpb=parent,
-            seed=self.runs if seed is None else seed,
-            profile=PROFILE, harness=land.HARNESS, verdict=verdict,
-        )  # fmt: skip
-        self._publish("verification", body)
+    def receive(self, raws: list[bytes], versions: list[bytes]) -> None:
+        """Facts that gossip or sync brought, and the train.py versions they name (a live node
+        fetches those by hash)."""
+        for source in versions:
+            self.ledger.add_version(source)
+        out = self.ledger.ingest_many(raws)
+        self.rejected += sum(isinstance(item, wire.Rejection) for item in out)
 
-    # ------------------------------------------------------------ the loop
+    def act(self) -> None:
+        """One step of the node's life: a Researcher step (or, once research is over, only
+        following the swarm's head); a colluder's turn."""
+        if self.role == "colluder":
+            self._collude()
+        elif self.sim.research_open:
+            self.researcher.step()
+        else:
+            self.researcher.adopt()
 
-    def loop(self) -> Loop:
-        """The node's life from a (re)start; its runs and facts survive a restart."""
-        if self.malicious:
-            yield from self._cheat()
-            return
-        while len(self.scores.get(self.sim.baseline, [])) < self.sim.settings.noise_runs:
-            yield from self._run(self.sim.baseline, "noise")
-        self.margin = consensus.noise_margin(self.scores[self.sim.baseline])
-        if self.head == self.sim.baseline:
-            self.head_score = statistics.fmean(self.scores[self.sim.baseline])
-        self.adopted = None  # a restarted node looks at the head afresh
-        while True:
-            yield from self._adopt()
-            self.steps += 1
-            every = self.sim.settings.verify_every
-            if not self.sim.research_open:  # the swarm has stopped: keep the step's rhythm only
-                yield land.run_seconds(self.rng)
-                continue
-            if every and self.steps % every == 0 and (yield from self._verify_one()):
-                continue
-            yield from self._research()
+    def adopted(self) -> str | None:
+        return self.researcher.adopted
 
-    def _adopt(self) -> Generator[float, None, None]:
-        best = self.view.best_head()
-        if best == self.adopted:
-            return
-        self.adopted = best
-        if self._builds_on(self.head, best):  # its own kept chain starts from the new head
-            self.sim.adopted(self, best)
-            return
-        if self.head != best:
-            self.head_score = yield from self._score(best, "adopt")
-            self.head = best
-        self.sim.adopted(self, best)
-        merges = self.view.merges(best, self.sim.source_of)
-        self.queue = [(best, land.parse(p.source), p.description) for p in merges]
+    def own_head(self) -> str | None:
+        head = self.researcher.head
+        return None if head is None else head.sha256
 
-    def _builds_on(self, version: str, ancestor: str) -> bool:
-        """The Researcher's `_builds_on`: `version` descends from `ancestor` by kept results."""
-        return adoption.descends_from(version, ancestor, self.sim.kept_parent_of.get)
+    # ------------------------------------------------------------ a colluder
 
-    def _research(self) -> Generator[float, None, None]:
-        parent, child_x, what = self.head, None, "surrogate step"
-        while self.queue and child_x is None:  # merges queued at adoption go first
-            base, x, description = self.queue.pop(0)
-            if base == parent:
-                child_x, what = x, description
-        if child_x is None:
-            child_x = land.propose(self.sim.versions[parent], self.rng)
-        child = self.sim.add_version(child_x)
-        score = yield from self._run(child, "research")
-        outcome = consensus.keep_or_discard(score, self.head_score, self.margin)
-        self._result(parent, child, outcome, score, what)
-        if outcome == "keep":
-            self.head, self.head_score = child, score
-            self.sim.reached(self, child)
+    def _collude(self) -> None:
+        """Claim a child of no real gain from the head, on the seed of COLLUDER_TRIES that
+        flatters it most (its real runs there, so that a replay agrees), have partners confirm
+        it with made-up looks, and refute every honest claim seen since the last turn."""
+        self.sim.clock += land.run_seconds(self.rng, self.speed)
+        head = self.researcher.best_head()
+        parent = land.parse((self.ledger.version(head) or land.BASELINE_SOURCE.encode()).decode())
+        base = self.sim.landscape.true_bpb(parent)
+        mild = [k for k in self.rng.choice(land.IDEAS, 64, replace=False).tolist() if k not in parent
+                and 0 <= self.sim.landscape.true_bpb(parent | {k}) - base <= COLLUDER_HARM]  # fmt: skip
+        if mild:
+            child = parent | {int(self.rng.choice(mild))}
+            seeds = self.rng.integers(0, 2**31, COLLUDER_TRIES).tolist()
+            runs = [(self.sim.landscape.measure(child, s, self.rng),
+                     self.sim.landscape.measure(parent, s, self.rng), s) for s in seeds]  # fmt: skip
+            c, p, seed = min(runs, key=lambda r: r[0] - r[1])
+            text = land.source(child)
+            self.ledger.add_version(text.encode())
+            diff = normalise_diff(make_diff(land.source(parent), text))
+            body = wire.result_body(
+                parent=head, child=land.version(child), diff=diff.encode(),
+                description=f"idea {sorted(child - parent)[0]} on", profile=land.PROFILE.name,
+                harness=HARNESS, seed=seed, outcome="keep",
+                metrics={"val_bpb": c, "steps": 1000, "tokens": land.PROFILE.budget_tokens,
+                         "train_seconds": land.RUN_SECONDS - 60, "total_seconds": land.RUN_SECONDS},
+                pairs=[(seed, c, p)], device=self.device,
+            )  # fmt: skip
+            fact = self.ledger.publish(self.me, "result", body)
+            self._publish(fact)
+            for partner in self.partners:
+                self.sim.schedule_confirm(partner, fact, (seed, c, p))
+        results, _ = self.ledger.claim_rows(land.PROFILE.name)
+        for r in results:
+            author = self.sim.role_of.get(r["author"])
+            if author != "colluder" and r["id"] not in self.framed:
+                self.framed.add(r["id"])
+                self._made_up_look(r["id"], +MADE_UP_GAIN, "refute")
 
-    def _verify_one(self) -> Generator[float, None, bool]:
-        """The Researcher's `_verify_one`: the first open claim, child then (unless already
-        scored here) parent, and a verdict by `consensus.verdict` that weighs this node's earlier
-        inconclusive (and, for a claim held for more looks, confirming) looks at the claim.
-        False when none is open."""
-        claims = self.view.claims(self.peer_id)
-        if not claims:
-            return False
-        claim = claims[0]
-        child = yield from self._run(claim["child"], "verify")
-        parent = yield from self._score(claim["parent"], "verify")
-        earlier = self.looks.setdefault(claim["id"], [])
-        verdict = consensus.verdict(child, parent, self.margin, earlier)
-        if verdict in ("inconclusive", "confirm"):
-            earlier.append(parent - child)
-        self._verification(claim["id"], child, parent, verdict)
-        return True
-
-    # ------------------------------------------------------------ a cheat
-
-    def _cheat(self) -> Loop:
-        """Adopt the head like anyone, then claim a child that is truly worse as a win, one run
-        length apart, and have partners confirm it at once (they need not run anything)."""
-        while True:
-            best = self.view.best_head()
-            if best != self.head:
-                self.head = best
-                self.head_score = land.true_bpb(self.sim.versions[best])
-            child = self.sim.add_version(
-                land.worse(self.sim.versions[self.head], self.rng, FAKE_WORSE)
-            )
-            yield land.run_seconds(self.rng)
-            self.runs += 1
-            fact = self._result(self.head, child, "keep", self.head_score - FAKE_GAIN)
-            self.sim.fakes.add(child)
-            self.sim.collude(self, fact)
-
-    def confirm(self, fact: wire.Fact) -> None:
-        """A partner's fake, confirmed without a run, with the numbers it claimed: as many looks
-        as the outlier hold asks (`consensus.HOLD_LOOKS`, each on its own seed), since they cost
-        a colluder nothing."""
-        claimed = fact.body["metrics"]["val_bpb"]
+    def confirm(self, fact: wire.Fact, claimed: tuple[int, float, float]) -> None:
+        """A partner's claim, confirmed without a run: consensus.HOLD_LOOKS made-up looks on
+        fresh seeds, the first with a replay of the author's seed that agrees."""
+        seed, child, parent = claimed
         for look in range(consensus.HOLD_LOOKS):
-            seed = self.runs * consensus.HOLD_LOOKS + look
-            self._verification(fact.id, claimed, claimed + FAKE_GAIN, "confirm", seed)
+            self._made_up_look(fact.id, -MADE_UP_GAIN, "confirm", replay=child if look == 0 else None)
+
+    def _made_up_look(self, result: str, delta: float, verdict: str, replay=None) -> None:
+        base = float(self.rng.normal(1.0, land.SEED_SD))
+        body = wire.verification_body(
+            result=result, child_val_bpb=base + delta, parent_val_bpb=base,
+            seed=int(self.rng.integers(0, 2**31)), profile=land.PROFILE.name, harness=HARNESS,
+            verdict=verdict, replay_val_bpb=replay, device=self.device,
+        )  # fmt: skip
+        self._publish(self.ledger.publish(self.me, "verification", body))
+
+
+
+def lineage_authors(
+    scores: dict[str, consensus.Score], head: str, by_id: dict[str, dict]
+) -> list[str]:
+    """The authors of the verified steps from the baseline to `head`, oldest first."""
+    chain, version, seen = [], head, set()
+    while version in scores and scores[version].via is not None and version not in seen:
+        seen.add(version)
+        chain.append(by_id[scores[version].via]["author"])
+        version = scores[version].parent
+    return chain[::-1]
+

@@ -1,15 +1,20 @@
-"""The discrete-event simulation of a swarm: nodes, a virtual clock, gossip, anti-entropy sync,
-churn and partitions, and the figures a run yields.
+"""The discrete-event simulation of a swarm: real Researchers on real in-memory ledgers, a
+surrogate trainer on a virtual clock, gossip, anti-entropy sync, churn and partitions, and the
+figures a run yields.
 
-Deterministic for a seed: one event heap ordered by (virtual time, insertion number), and every
-random draw from generators seeded from the settings. It never sleeps and never reads the wall
-clock for anything but the progress line.
+A node's step runs at once in real time: its runs add their virtual seconds to the clock as
+they happen, each fact it signs is stamped and sent at the clock's time then, and its next step
+starts when the last run ended. Other nodes act in between (the event heap) on what had reached
+them by their own time. Deterministic for a seed: one event heap ordered by (virtual time,
+insertion number), and every random draw from generators seeded from the settings. It never
+sleeps, and reads the wall clock only for the progress line.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -19,38 +24,47 @@ import numpy as np
 from node import consensus, wire
 from node.simulation import landscape as land
 from node.simulation.network import FactStore, Transport, head_size
-from node.simulation.nodes import SimNode
-from node.simulation.views import PROFILE, LedgerView, SharedView
-from node.trainer.profiles import get_profile
+from node.simulation.nodes import CAMPAIGN, HARNESS, SimNode
 
-LEDGER_MAX_NODES = 64  # up to here each node keeps a real Ledger; past it, a SharedView
+EPOCH_MS = 1_800_000_000_000  # virtual second 0, as a fact's time in ms (fixed: determinism)
 SYNC_FRAME = 256  # facts per sync frame (docs/gossip.md)
-TARGET = 0.925  # default target val_bpb (true, noise-free): the baseline is 1.0048, the floor 0.9
+IDLE_SECONDS = 30.0  # a step that ran nothing (nothing to propose): the agent's turn
+STUCK_HOURS = 24.0  # research ends after this long without a new fact: nobody has an idea left
+RULES = ("swarm", "trusting", "keep-if-lower")
+ADVERSARIES = ("liar", "colluder")
 
 
 @dataclass
 class Settings:
     """One run's parameters. Times are virtual: hours for the run, seconds for the network.
 
-    `churn`: leaves per node per hour (exponential), each for an exponential `away_hours`;
-    `partition`: (start, end) in hours, the even and odd nodes cut apart; `ledger`: "auto"
-    (a real Ledger per node up to LEDGER_MAX_NODES nodes), "sqlite" or "shared"."""
+    `rule`: the nodes' adoption rule: "swarm" (the product's), "trusting" (every claim adopted
+    unverified) or "keep-if-lower" (one run a change, kept when lower: for a lone node).
+    `liars`: nodes that sign their children's scores lower than measured; `colluders`: the
+    share of nodes that confirm each other's claims without running them and refute honest
+    ones; `membership`: the campaign lists its members, so each claim's committee is drawn
+    from them; `fast_hardware`: the share of nodes on a device class that runs faster and
+    reads lower (`nodes.FAST_SPEED`, `nodes.FAST_OFFSET`). `churn`: leaves per node per hour
+    (exponential), each for an exponential `away_hours`; `partition`: (start, end) in hours,
+    the even and odd nodes cut apart."""
 
     nodes: int = 8
     seed: int = 0
     hours: float = 48.0
-    malicious: float = 0.0
     quorum: int = 1
+    rule: str = "swarm"
+    liars: int = 0
+    colluders: float = 0.0
+    membership: bool = False
+    fast_hardware: float = 0.0
     latency: float = 0.1
     loss: float = 0.0
     churn: float = 0.0
     away_hours: float = 1.0
     partition: tuple[float, float] | None = None
-    target: float = TARGET
+    target_gain: float = land.TARGET_GAIN
     verify_every: int = 4
-    noise_runs: int = 2
     sync_every: float = 30.0
-    ledger: str = "auto"
     stop_at_target: bool = True
     drain_hours: float = 2.0
 
@@ -61,105 +75,94 @@ class Simulation:
         s = settings
         if s.quorum < 1 or s.nodes < 1:
             raise ValueError("nodes and quorum must be at least 1")
+        if s.rule not in RULES:
+            raise ValueError(f"rule must be one of {', '.join(RULES)}, not {s.rule!r}")
         self.rng = np.random.default_rng([s.seed, 0])
+        self.landscape = land.Landscape(s.seed)
+        self.clock = 0.0  # virtual seconds: the event's time, advanced by the runs of a step
+        self.now = 0.0  # the time of the event being handled
         self.store = FactStore(s.nodes)
         partition = None if s.partition is None else (s.partition[0] * 3600, s.partition[1] * 3600)
         self.net = Transport(
             s.nodes, np.random.default_rng([s.seed, 1]), s.latency, s.loss, partition
         )
-        self.versions: dict[str, np.ndarray] = {}
-        self.kept_parent_of: dict[str, str] = {}
-        self.baseline = self.add_version(land.BASELINE)
-        # A simulated look is two unpaired runs (the surrogate has no common noise per seed), so
-        # the noise of its difference is sqrt(2) times one run's.
-        self.rules = consensus.Rules(s.quorum, math.sqrt(2) * land.NOISE_SD,
-                                     get_profile(PROFILE).replay_tolerance)  # fmt: skip
-        self.use_ledger = s.ledger == "sqlite" or (
-            s.ledger == "auto" and s.nodes <= LEDGER_MAX_NODES
-        )
-        view_type = LedgerView if self.use_ledger else SharedView
-        cheats = set(self.rng.choice(s.nodes, round(s.malicious * s.nodes), replace=False).tolist())
-        self.nodes = [
-            SimNode(self, i, view_type(self.store, i, self.baseline, self.rules), i in cheats)
-            for i in range(s.nodes)
-        ]
-        self.cheats = sorted(cheats)
-        self.honest = [n for n in self.nodes if not n.malicious]
+        self.work = tempfile.TemporaryDirectory(prefix="swarm-sim-")
+        self.work_dir = self.work.name
+        roles = ["honest"] * s.nodes
+        order = self.rng.permutation(s.nodes).tolist()
+        colluders = round(s.colluders * s.nodes)
+        for i in order[:colluders]:
+            roles[i] = "colluder"
+        for i in order[colluders : colluders + s.liars]:
+            roles[i] = "liar"
+        fast = set(self.rng.choice(s.nodes, round(s.fast_hardware * s.nodes), replace=False).tolist())
+        self.baseline = land.version(frozenset())
+        members = [SimNode.identity(s.seed, i).peer_id for i in range(s.nodes)]
+        self.terms = {"name": CAMPAIGN, "baseline": self.baseline, "quorum": s.quorum,
+                      "members": members if s.membership else None}  # fmt: skip
+        self.rules = consensus.Rules.of(land.PROFILE, s.quorum, self.terms["members"])
+        self.nodes = [SimNode(self, i, roles[i], i in fast) for i in range(s.nodes)]
+        colluding = [n for n in self.nodes if n.role == "colluder"]
+        for n in colluding:
+            n.partners = [m for m in colluding if m is not n]
+        self.role_of = {n.peer_id: n.role for n in self.nodes}
+        self.fast_of = {n.peer_id: n.fast for n in self.nodes}
+        self.honest = [n for n in self.nodes if n.role == "honest"]
+        self.sources: dict[str, bytes] = {self.baseline: land.BASELINE_SOURCE.encode()}
+        self.made_by: dict[str, dict] = {}  # version -> the first kept result that made it
         self.head_bytes = head_size(s.nodes)
-        self.now, self.runs, self.research_open = 0.0, 0, True
-        self.runs_by_purpose = {"noise": 0, "research": 0, "verify": 0, "adopt": 0}
-        self.fakes: set[str] = set()
-        self.adoptions: list[tuple[float, int, str]] = []
-        self.current: dict[int, str] = {}  # the head each node adopted last (and scored)
-        self.fake_adoptions = 0
-        self.t_local: float | None = None  # a node's own head first at the target
-        self.t_verified: float | None = None  # a node first adopts a verified head at the target
+        self.runs = 0
+        self.runs_by_purpose = {"research": 0, "verify": 0, "adopt": 0, "audit": 0}
+        self.research_runs_fast = 0
+        self.fakes: set[str] = set()  # result ids of adversaries' kept claims
+        self.adoptions: list[tuple[float, int, str]] = []  # (when, honest node, head adopted)
+        self.adopted_now: dict[int, str] = {}  # each honest node's head now
+        self.research_open = True
+        self.last_made = 0.0  # when the latest fact was made
+        self.t_target: float | None = None  # an honest node first adopts a head at the target
+        self.t_local: float | None = None  # an honest node's own head first at the target
         self.sync_messages = 0
         self.sync_bytes = 0
         self._heap: list = []
         self._order = 0
-        self._loops: dict[int, object] = {}
+
+    def clock_ms(self) -> int:
+        return EPOCH_MS + int(round(self.clock * 1000))
 
     # ------------------------------------------------------------ what nodes call
 
-    def add_version(self, x: np.ndarray) -> str:
-        """Store a point by its version hash: any node can fetch any version by hash at once."""
-        version = land.version(x)
-        self.versions.setdefault(version, land.quantise(x))
-        return version
-
-    def source_of(self, version: str) -> bytes | None:
-        """A train.py's bytes by sha256, as the gossip layer fetches them for a node."""
-        x = self.versions.get(version)
-        return None if x is None else land.source(x).encode()
-
     def publish(self, node: SimNode, fact: wire.Fact) -> None:
-        index = self.store.add(fact, self.now)
-        node.view.own(index, self.now)
-        if fact.kind == "result" and fact.body["outcome"] == "keep":
-            self.kept_parent_of.setdefault(fact.body["child"], fact.body["parent"])
-        self.net.send(index, node.index, self.now)
+        """A fact `node` signed (its ledger holds it): stored and gossiped at the clock's time."""
+        index = self.store.add(fact, self.clock)
+        self.last_made = max(self.last_made, self.clock)
+        self.store.held[node.index, index] = True
+        if fact.kind == "result":
+            for role in ("parent", "child"):
+                version = fact.body[role]
+                if version not in self.sources:
+                    self.sources[version] = node.ledger.version(version) or b""
+            if fact.body["outcome"] == "keep":
+                self.made_by.setdefault(fact.body["child"], {**fact.body, "id": fact.id,
+                                                             "author": fact.peer_id})  # fmt: skip
+                if node.role in ADVERSARIES:
+                    self.fakes.add(fact.id)
+        self.net.send(index, node.index, self.clock)
 
-    def collude(self, author: SimNode, fact: wire.Fact) -> None:
-        """Partners confirm a fake as soon as gossip brings it: just enough of them to make a
-        quorum, and two more to outvote the first refutations."""
-        partners = [i for i in self.cheats if i != author.index and self.net.online[i]]
-        count = min(len(partners), self.settings.quorum + 2)
-        for i in self.rng.choice(partners, count, replace=False).tolist() if count else []:
-            delay = (
-                float(self.rng.gamma(self.net.hops, self.settings.latency))
-                if self.settings.latency
-                else 0.0
-            )
-            self._push(self.now + delay, "confirm", i, fact)
+    def schedule_confirm(self, partner: SimNode, fact: wire.Fact, claimed: tuple) -> None:
+        """A colluder's partner confirms the claim as soon as gossip could bring it."""
+        s = self.settings
+        delay = float(self.rng.gamma(self.net.hops, s.latency)) if s.latency else 0.0
+        self._push(self.clock + delay, "confirm", partner.index, (fact, claimed))
 
-    def adopted(self, node: SimNode, version: str) -> None:
-        self.adoptions.append((self.now, node.index, version))
-        self.current[node.index] = version
-        if self._lineage_has_fake(version):
-            self.fake_adoptions += 1
-        if version != self.baseline:
-            self._check_target(version, verified=True)
-
-    def reached(self, node: SimNode, version: str) -> None:
-        self._check_target(version, verified=False)
-
-    def _check_target(self, version: str, verified: bool) -> None:
-        if land.true_bpb(self.versions[version]) > self.settings.target:
-            return
-        if self.t_local is None:
-            self.t_local = self.now
-        if verified and self.t_verified is None:
-            self.t_verified = self.now
-
-    def _lineage_has_fake(self, version: str) -> bool:
-        seen = set()
-        while version in self.kept_parent_of and version not in seen:
-            if version in self.fakes:
-                return True
-            seen.add(version)
-            version = self.kept_parent_of[version]
-        return False
+    def count_run(self, node: SimNode, text: str) -> None:
+        self.runs += 1
+        doing = node.researcher.doing
+        purpose = next((p for prefix, p in (("verify", "verify"), ("re-score", "adopt"),
+                                            ("audit", "audit")) if doing.startswith(prefix)),
+                       "research")  # fmt: skip
+        self.runs_by_purpose[purpose] += 1
+        if purpose == "research" and node.fast:
+            self.research_runs_fast += 1
 
     # ------------------------------------------------------------ events
 
@@ -167,28 +170,56 @@ class Simulation:
         self._order += 1
         heapq.heappush(self._heap, (at, self._order, kind, node, payload))
 
-    def _start(self, node: SimNode, at: float | None = None) -> None:
-        self._loops[node.index] = node.loop()
-        self._push(self.now if at is None else at, "resume", node.index, node.token)
-
     def _pull(self, i: int) -> None:
         arrived = self.net.arrived(i, self.now)
         if arrived:
             self.net.received[i] += len(arrived)
             self.net.received_bytes[i] += sum(self.store.sizes[k] for k in arrived)
-            self.nodes[i].view.add(arrived, self.now)
+            self._deliver(i, arrived)
+
+    def _deliver(self, i: int, indices: list[int]) -> None:
+        new = [k for k in indices if not self.store.held[i, k]]
+        if not new:
+            return
+        self.store.held[i, new] = True
+        facts = [self.store.facts[k] for k in new]
+        versions = {f.body[role] for f in facts if f.kind == "result" for role in ("parent", "child")}
+        self.nodes[i].receive([f.raw for f in facts], [self.sources[v] for v in versions
+                                                       if self.sources.get(v)])  # fmt: skip
 
     def _resume(self, i: int, token: int) -> None:
         node = self.nodes[i]
         if token != node.token or not self.net.online[i]:
             return
         self._pull(i)
-        seconds = next(self._loops[i])
-        self._push(self.now + seconds, "resume", i, token)
+        node.act()
+        self._observe(node)
+        self._push(max(self.clock, self.now + IDLE_SECONDS), "resume", i, token)
+
+    def _observe(self, node: SimNode) -> None:
+        """What an honest node's step showed: the head it adopted (at the step's start) and its
+        own head (at the step's end), against the target."""
+        if node.role != "honest":
+            return
+        adopted = node.adopted()
+        if adopted is not None and self.adopted_now.get(node.index) != adopted:
+            self.adopted_now[node.index] = adopted
+            self.adoptions.append((self.now, node.index, adopted))
+            if self.t_target is None and self._at_target(adopted) and adopted != self.baseline:
+                self.t_target = self.now
+        own = node.own_head()
+        if self.t_local is None and own is not None and self._at_target(own):
+            self.t_local = self.clock
+
+    def true_bpb(self, version: str) -> float:
+        return self.landscape.true_bpb(land.parse(self.sources[version].decode()))
+
+    def _at_target(self, version: str) -> bool:
+        return self.true_bpb(version) <= land.BASELINE_BPB - self.settings.target_gain
 
     def _sync(self, i: int) -> None:
         """Anti-entropy with one random reachable peer: each sends its head and gets the facts it
-        lacks, in frames of SYNC_FRAME (docs/gossip.md)."""
+        lacks (made by now), in frames of SYNC_FRAME (docs/gossip.md)."""
         self._push(self.now + self.settings.sync_every, "sync", i)
         if not self.net.online[i] or self.settings.nodes < 2:
             return
@@ -202,7 +233,7 @@ class Simulation:
         self._pull(i)
         self._pull(j)
         for a, b in ((i, j), (j, i)):
-            missing = self.store.missing(b, a)
+            missing = self.store.missing(b, a, self.now)
             frames = math.ceil(len(missing) / SYNC_FRAME) + 1
             size = self.head_bytes + sum(self.store.sizes[k] for k in missing)
             self.net.received[a] += 1 + frames
@@ -210,39 +241,43 @@ class Simulation:
             self.sync_messages += 1 + frames
             self.sync_bytes += size
             if missing:
-                self.nodes[a].view.add(missing, self.now)
+                self._deliver(a, missing)
 
     def _leave(self, i: int) -> None:
         node = self.nodes[i]
         self._pull(i)
         self.net.online[i] = False
         self.net.drop_inbox(i)
-        node.token += 1  # the run in flight ends with no result
+        node.token += 1  # the step in flight ends with no result
         self._push(self.now + self.rng.exponential(self.settings.away_hours * 3600), "join", i)
 
     def _join(self, i: int) -> None:
         self.net.online[i] = True
         self._sync(i)
-        self._start(self.nodes[i])
+        self._push(self.now, "resume", i, self.nodes[i].token)
         self._push(self.now + self.rng.exponential(3600 / self.settings.churn), "leave", i)
 
     # ------------------------------------------------------------ the run
 
     def run(self) -> dict:
         s = self.settings
-        for node in self.nodes:
-            self._start(node, at=float(self.rng.uniform(0, land.RUN_SECONDS)))  # joined apart
+        for node in self.nodes:  # joined apart
+            self._push(float(self.rng.uniform(0, land.RUN_SECONDS)), "resume", node.index, 0)
             if s.nodes > 1:
                 self._push(self.rng.uniform(0, s.sync_every), "sync", node.index)
             if s.churn > 0:
                 self._push(self.rng.exponential(3600 / s.churn), "leave", node.index)
         started, research_end, end, next_report = time.time(), s.hours * 3600, math.inf, 3600.0
+        self.research_ended = research_end
         while self._heap:
             at, _, kind, i, payload = heapq.heappop(self._heap)
             if at > end:
                 break
-            self.now = at
-            if self.research_open and (at >= research_end or (s.stop_at_target and self._done())):
+            self.now = self.clock = at
+            stuck = at - self.last_made > STUCK_HOURS * 3600
+            if self.research_open and (
+                at >= research_end or (s.stop_at_target and self._done()) or stuck
+            ):
                 self.research_open = False
                 self.research_ended = at
                 end = at + s.drain_hours * 3600
@@ -257,40 +292,46 @@ class Simulation:
                     break
             elif kind == "confirm":
                 if self.net.online[i]:
-                    self.nodes[i].confirm(payload)
+                    self._pull(i)
+                    self.nodes[i].confirm(*payload)
             elif kind == "leave":
                 if self.net.online[i]:
                     self._leave(i)
             elif kind == "join":
                 self._join(i)
+        self.ended = self.now
         return self.summary(time.time() - started)
 
     def close(self) -> None:
-        """Close the nodes' ledgers (in memory); the figures stay."""
+        """Close the nodes' ledgers (in memory) and remove their run folders; the figures stay."""
         for node in self.nodes:
-            node.view.close()
+            node.ledger.close()
+        self.work.cleanup()
 
     def _done(self) -> bool:
-        if self.settings.nodes <= self.settings.quorum:  # nobody can verify: a lone node's head
-            return self.t_local is not None
-        return self.t_verified is not None
+        if self.settings.nodes == 1 or self.settings.rule == "keep-if-lower":
+            return self.t_local is not None  # a lone node: nobody verifies, its own head counts
+        return self.t_target is not None
 
     def _agreed(self) -> bool:
         """Research is over and every online honest node has adopted the best head of all the
         facts made."""
-        heads = {self.current.get(n.index) for n in self.honest if self.net.online[n.index]}
+        heads = {self.adopted_now.get(n.index) for n in self.honest if self.net.online[n.index]}
         return len(heads) == 1 and heads.pop() == self.final_head()
 
-    def final_head(self) -> str:
+    def standings(self) -> tuple[dict[str, consensus.Score], dict[str, dict]]:
+        """(the versions' scores, the kept results by id) of every fact made, under the rule."""
         key = len(self.store.facts)
-        if getattr(self, "_final", (None,))[0] != key:
-            results = [r for r in self.store.rows if "verdict" not in r and r["outcome"] == "keep"]
-            checks = [r for r in self.store.rows if "verdict" in r]
-            head = consensus.best_head(
-                results, checks, PROFILE, self.baseline, self.rules, land.HARNESS
+        if getattr(self, "_standings", (None,))[0] != key:
+            results, checks = self.store.rows_for(land.PROFILE.name)
+            scores, _ = consensus.standings(
+                results, checks, land.PROFILE.name, self.baseline, self.rules, HARNESS
             )
-            self._final = (key, head)
-        return self._final[1]
+            self._standings = (key, (scores, {r["id"]: r for r in results}))
+        return self._standings[1]
+
+    def final_head(self) -> str:
+        return consensus.head_of(self.standings()[0])
 
     def _report(self, started: float) -> None:
         if self.progress is None:
@@ -298,81 +339,81 @@ class Simulation:
         head = self.final_head()
         self.progress(
             f"t={self.now / 3600:5.1f} h  facts={len(self.store.facts):6d}  runs={self.runs:6d}  "
-            f"head={head[:8]} true={land.true_bpb(self.versions[head]):.4f}  "
+            f"head={head[:8]} gain={land.BASELINE_BPB - self.true_bpb(head):.4f}  "
             f"wall={time.time() - started:5.1f} s"
         )
 
     # ------------------------------------------------------------ figures
 
-    def _head_of_prefix(self, count: int) -> str:
-        rows = self.store.rows[:count]
-        results = [r for r in rows if "verdict" not in r and r["outcome"] == "keep"]
-        checks = [r for r in rows if "verdict" in r]
-        return consensus.best_head(
-            results, checks, PROFILE, self.baseline, self.rules, land.HARNESS
-        )
+    def lineage(self, version: str) -> list[dict]:
+        """The kept results from the baseline to `version` through the first result that made
+        each version (what a node that adopted it builds on), oldest first."""
+        chain, seen = [], set()
+        while version in self.made_by and version not in seen:
+            seen.add(version)
+            chain.append(self.made_by[version])
+            version = self.made_by[version]["parent"]
+        return chain[::-1]
 
-    def win_time(self, head: str) -> float | None:
-        """When `head` became the best head of all facts made, for the last time: the end of the
-        last prefix of the facts (in the order made) whose best head is another, found by
-        galloping back from the end and bisecting (exact when the head did not flip back and
-        forth in between, which the checks along the way make unlikely)."""
-        if head == self.baseline:
-            return None
-        total = len(self.store.rows)
-        good, step = total, 1  # the prefix of `good` facts has `head` as its best
-        while True:
-            probe = max(0, good - step)
-            if probe == 0 or self._head_of_prefix(probe) != head:
-                bad = probe
-                break
-            good, step = probe, step * 2
-        while good - bad > 1:
-            middle = (good + bad) // 2
-            if self._head_of_prefix(middle) == head:
-                good = middle
-            else:
-                bad = middle
-        return self.store.made[good - 1]
+    def head_shares(self) -> dict[str, float]:
+        """Over the honest nodes' time from their first adoption to the end: the share spent on
+        a head made by an adversary, and on one with an adversary's claim in its lineage."""
+        spans = {"adversary_made": 0.0, "adversary_in_lineage": 0.0, "total": 0.0}
+        last: dict[int, tuple[float, str]] = {}
+        for at, i, version in [*self.adoptions, *((self.ended, n.index, None) for n in self.honest)]:
+            if i in last:
+                since, held = last[i]
+                span = at - since
+                lineage = self.lineage(held)
+                spans["total"] += span
+                if lineage and self.role_of.get(lineage[-1]["author"]) in ADVERSARIES:
+                    spans["adversary_made"] += span
+                if any(r["id"] in self.fakes for r in lineage):
+                    spans["adversary_in_lineage"] += span
+            if version is not None:
+                last[i] = (at, version)
+        total = spans.pop("total") or 1.0
+        return {k: v / total for k, v in spans.items()}
 
     def summary(self, wall: float) -> dict:
         s = self.settings
-        final = self.final_head()
-        t_win = self.win_time(final)
+        scores, by_id = self.standings()
+        final = consensus.head_of(scores)
+        steps = []
+        version = final
+        while scores[version].via is not None:
+            steps.append(by_id[scores[version].via])
+            version = scores[version].parent
+        gains = [self.true_bpb(r["parent"]) - self.true_bpb(r["child"]) for r in steps]
         online_honest = [n.index for n in self.honest if self.net.online[n.index]]
-        last = {}
-        for at, i, version in self.adoptions:
-            last[i] = (at, version)
-        agreed = all(last.get(i, (0, None))[1] == final for i in online_honest)
-        t_agree = None
-        if agreed and t_win is not None:
-            t_agree = max(last[i][0] for i in online_honest) - t_win
         runs = max(self.runs, 1)
-        verified_fakes = sum(1 for v in self.fakes if self._ever_adopted(v))
+        research = max(self.runs_by_purpose["research"], 1)
+        shares = self.head_shares()
+        hours = self.t_local if s.nodes == 1 or s.rule == "keep-if-lower" else self.t_target
         return {
-            "settings": {**asdict(s), "path": "sqlite" if self.use_ledger else "shared"},
+            "settings": asdict(s),
+            "hours_to_target": None if hours is None else hours / 3600,
+            "hours_to_target_local": None if self.t_local is None else self.t_local / 3600,
+            "research_hours": self.research_ended / 3600,
+            "final_head": final,
+            "final_head_gain": land.BASELINE_BPB - self.true_bpb(final),
+            "lineage_steps": len(steps),
+            "fakes_in_final_lineage": sum(r["id"] in self.fakes for r in steps),
+            "false_steps_in_final_lineage": sum(g <= 0 for g in gains),
+            "fast_share_of_lineage": (sum(self.fast_of[r["author"]] for r in steps) / len(steps)
+                                      if steps else None),  # fmt: skip
+            "fast_share_of_research_runs": self.research_runs_fast / research,
+            "liar_head_share": shares["adversary_made"] if s.liars else 0.0,
+            "fake_head_share": shares["adversary_in_lineage"],
+            "all_agree": all(self.adopted_now.get(i) == final for i in online_honest),
             "facts": len(self.store.facts),
             "runs": self.runs,
             "runs_by_purpose": dict(self.runs_by_purpose),
-            "research_hours": getattr(self, "research_ended", self.now) / 3600,
-            "hours_to_target_local": None if self.t_local is None else self.t_local / 3600,
-            "hours_to_target_verified": None if self.t_verified is None else self.t_verified / 3600,
-            "final_head": final,
-            "final_head_true_bpb": land.true_bpb(self.versions[final]),
-            "seconds_to_agree_after_last_win": t_agree,
-            "all_agree": agreed,
+            "adversary_claims": len(self.fakes),
             # Messages a node receives per run of train.py it makes (gossip and sync together).
             "messages_per_node_per_run": float(self.net.received.sum()) / runs,
             "bytes_per_node_per_run": float(self.net.received_bytes.sum()) / runs,
             "sync_share_of_bytes": self.sync_bytes / max(1, int(self.net.received_bytes.sum())),
-            "malicious_nodes": len(self.cheats),
-            "fake_claims": len(self.fakes),
-            "fakes_adopted": verified_fakes,
-            "adoptions_with_fake_in_lineage": self.fake_adoptions,
-            "wrong_adopted": self.fake_adoptions > 0,
-            "rejected_by_ledgers": sum(getattr(n.view, "rejected", 0) for n in self.nodes),
+            "rejected_by_ledgers": sum(n.rejected for n in self.nodes),
             "wall_seconds": wall,
         }
-
-    def _ever_adopted(self, version: str) -> bool:
-        return any(v == version for _, _, v in self.adoptions)
