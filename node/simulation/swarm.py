@@ -109,7 +109,8 @@ class Simulation:
         self.fast_of = {n.peer_id: n.fast for n in self.nodes}
         self.honest = [n for n in self.nodes if n.role == "honest"]
         self.sources: dict[str, bytes] = {self.baseline: land.BASELINE_SOURCE.encode()}
-        self.made_by: dict[str, dict] = {}  # version -> the first kept result that made it
+        # version -> the kept result that made it: the first honest one, else the first
+        self.made_by: dict[str, dict] = {}
         self.head_bytes = head_size(s.nodes)
         self.runs = 0
         self.runs_by_purpose = {"research": 0, "verify": 0, "adopt": 0, "audit": 0}
@@ -142,8 +143,10 @@ class Simulation:
                 if version not in self.sources:
                     self.sources[version] = node.ledger.version(version) or b""
             if fact.body["outcome"] == "keep":
-                self.made_by.setdefault(fact.body["child"], {**fact.body, "id": fact.id,
-                                                             "author": fact.peer_id})  # fmt: skip
+                child, made = fact.body["child"], {**fact.body, "id": fact.id, "author": fact.peer_id}
+                held = self.made_by.get(child)
+                if held is None or (node.role == "honest" and held["id"] in self.fakes):
+                    self.made_by[child] = made
                 if node.role in ADVERSARIES:
                     self.fakes.add(fact.id)
         self.net.send(index, node.index, self.clock)
@@ -346,8 +349,9 @@ class Simulation:
     # ------------------------------------------------------------ figures
 
     def lineage(self, version: str) -> list[dict]:
-        """The kept results from the baseline to `version` through the first result that made
-        each version (what a node that adopted it builds on), oldest first."""
+        """The kept results from the baseline to `version` through the result that made each
+        version (an honest node's where one made it too: an adversary's claim of a version an
+        honest node also found fakes nothing), oldest first."""
         chain, seen = [], set()
         while version in self.made_by and version not in seen:
             seen.add(version)
