@@ -131,7 +131,7 @@ def research_step(
         if parents[seeds[0]] is None:
             return Step("refused", head, reason=f"the head does not score on seed {seeds[0]} here")
         pairs: list[tuple[int, float, float]] = []
-        runs: list[tuple[RunResult, int]] = []
+        runs: list[tuple[RunResult, int, int]] = []  # (run, started, finished), ms
         for seed in seeds[:2]:
             if pairs and not (calibrating or _gain(pairs) > margin(1)):
                 break

@@ -156,11 +156,12 @@ def verify_claim(
     inconclusive ones, and confirming ones when the claim is held for more looks.
 
     Where `replay` is set, this node's device class is the author's and its look did not
-    refute the claim, it also replays the author's first seed: a child or parent score that
-    differs from the signed one by more than the profile's replay tolerance is misreported. A child that fails `check`
-    (the policy) never runs and is refuted: no honest node could have run it. A child whose run
-    this node's harness voided is void: the author skipped the checks or cheated; a void on
-    timing (training past the budget, more work than the budget counts) is run once more first.
+    refute the claim, it also replays the author's first seed (or reads its earlier run of it):
+    a child or parent score that differs from the signed one by more than the profile's replay
+    tolerance is misreported. A child that fails `check` (the policy) never runs and is
+    refuted: no honest node could have run it. A child whose run this node's harness voided is
+    void: the author skipped the checks or cheated; a void on timing (training past the budget,
+    more work than the budget counts) is run once more first.
     A parent run that crashes or is voided is this node's problem: no verdict, an AgentError."""
     if claim["author"] == me.peer_id:
         raise AgentError("a node cannot verify its own claim: its confirmation would not count")

@@ -225,9 +225,11 @@ class SimNode:
     def confirm(self, fact: wire.Fact, claimed: tuple[int, float, float]) -> None:
         """A partner's claim, confirmed without a run: consensus.HOLD_LOOKS made-up looks on
         fresh seeds, the first with a replay of the author's seed that agrees."""
-        seed, child, parent = claimed
+        child = claimed[1]
         for look in range(consensus.HOLD_LOOKS):
-            self._made_up_look(fact.id, -MADE_UP_GAIN, "confirm", replay=child if look == 0 else None)
+            self._made_up_look(
+                fact.id, -MADE_UP_GAIN, "confirm", replay=child if look == 0 else None
+            )
 
     def _made_up_look(self, result: str, delta: float, verdict: str, replay=None) -> None:
         base = float(self.rng.normal(1.0, land.SEED_SD))
@@ -237,17 +239,3 @@ class SimNode:
             verdict=verdict, replay_val_bpb=replay, device=self.device,
         )  # fmt: skip
         self._publish(self.ledger.publish(self.me, "verification", body))
-
-
-
-def lineage_authors(
-    scores: dict[str, consensus.Score], head: str, by_id: dict[str, dict]
-) -> list[str]:
-    """The authors of the verified steps from the baseline to `head`, oldest first."""
-    chain, version, seen = [], head, set()
-    while version in scores and scores[version].via is not None and version not in seen:
-        seen.add(version)
-        chain.append(by_id[scores[version].via]["author"])
-        version = scores[version].parent
-    return chain[::-1]
-

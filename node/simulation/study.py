@@ -77,8 +77,12 @@ def figures(runs: dict[str, dict[int, dict]], seeds: Sequence[int]) -> dict:
         out["verification_cost"] = _ratio(hours["swarm"], hours["trusting"], resamples, minus=1)
         for name in ("lone_keep_if_lower", "lone_swarm_rule"):
             out[f"{name}_median_hours"] = _finite(np.median(hours[name]))
-        out["speedup_vs_keep_if_lower"] = _ratio(hours["lone_keep_if_lower"], hours["swarm"], resamples)
-        out["speedup_vs_lone_swarm_rule"] = _ratio(hours["lone_swarm_rule"], hours["swarm"], resamples)
+        out["speedup_vs_keep_if_lower"] = _ratio(
+            hours["lone_keep_if_lower"], hours["swarm"], resamples
+        )
+        out["speedup_vs_lone_swarm_rule"] = _ratio(
+            hours["lone_swarm_rule"], hours["swarm"], resamples
+        )
         out["trusting_speedup_vs_keep_if_lower"] = _ratio(
             hours["lone_keep_if_lower"], hours["trusting"], resamples
         )
@@ -112,11 +116,10 @@ def _finite(value: float) -> float | None:
     return None if not math.isfinite(value) else float(value)
 
 
-def _ratio(
-    top: np.ndarray, bottom: np.ndarray, resamples: np.ndarray, minus: float = 0.0
-) -> dict:
+def _ratio(top: np.ndarray, bottom: np.ndarray, resamples: np.ndarray, minus: float = 0.0) -> dict:
     """The ratio of the medians (less `minus`), with its bootstrap 95% interval over the seeds
     (resampled together: the same seed in both). None where a median did not reach the target."""
+
     def one(index: Iterable[int] | slice) -> float:
         a, b = np.median(top[index]), np.median(bottom[index])
         return math.nan if not (math.isfinite(a) and math.isfinite(b)) else a / b - minus
@@ -124,7 +127,7 @@ def _ratio(
     value = one(slice(None))
     boots = np.array([one(index) for index in resamples])
     boots = boots[np.isfinite(boots)]
-    low, high = (np.percentile(boots, [2.5, 97.5]) if len(boots) else (math.nan, math.nan))
+    low, high = np.percentile(boots, [2.5, 97.5]) if len(boots) else (math.nan, math.nan)
     return {"value": _finite(value), "low": _finite(low), "high": _finite(high)}
 
 

@@ -95,7 +95,9 @@ class Simulation:
             roles[i] = "colluder"
         for i in order[colluders : colluders + s.liars]:
             roles[i] = "liar"
-        fast = set(self.rng.choice(s.nodes, round(s.fast_hardware * s.nodes), replace=False).tolist())
+        fast = set(
+            self.rng.choice(s.nodes, round(s.fast_hardware * s.nodes), replace=False).tolist()
+        )
         self.baseline = land.version(frozenset())
         members = [SimNode.identity(s.seed, i).peer_id for i in range(s.nodes)]
         self.terms = {"name": CAMPAIGN, "baseline": self.baseline, "quorum": s.quorum,
@@ -143,7 +145,10 @@ class Simulation:
                 if version not in self.sources:
                     self.sources[version] = node.ledger.version(version) or b""
             if fact.body["outcome"] == "keep":
-                child, made = fact.body["child"], {**fact.body, "id": fact.id, "author": fact.peer_id}
+                child, made = (
+                    fact.body["child"],
+                    {**fact.body, "id": fact.id, "author": fact.peer_id},
+                )
                 held = self.made_by.get(child)
                 if held is None or (node.role == "honest" and held["id"] in self.fakes):
                     self.made_by[child] = made
@@ -186,7 +191,9 @@ class Simulation:
             return
         self.store.held[i, new] = True
         facts = [self.store.facts[k] for k in new]
-        versions = {f.body[role] for f in facts if f.kind == "result" for role in ("parent", "child")}
+        versions = {
+            f.body[role] for f in facts if f.kind == "result" for role in ("parent", "child")
+        }
         self.nodes[i].receive([f.raw for f in facts], [self.sources[v] for v in versions
                                                        if self.sources.get(v)])  # fmt: skip
 
@@ -364,7 +371,10 @@ class Simulation:
         a head made by an adversary, and on one with an adversary's claim in its lineage."""
         spans = {"adversary_made": 0.0, "adversary_in_lineage": 0.0, "total": 0.0}
         last: dict[int, tuple[float, str]] = {}
-        for at, i, version in [*self.adoptions, *((self.ended, n.index, None) for n in self.honest)]:
+        for at, i, version in [
+            *self.adoptions,
+            *((self.ended, n.index, None) for n in self.honest),
+        ]:
             if i in last:
                 since, held = last[i]
                 span = at - since
@@ -404,8 +414,9 @@ class Simulation:
             "lineage_steps": len(steps),
             "fakes_in_final_lineage": sum(r["id"] in self.fakes for r in steps),
             "false_steps_in_final_lineage": sum(g <= 0 for g in gains),
-            "fast_share_of_lineage": (sum(self.fast_of[r["author"]] for r in steps) / len(steps)
-                                      if steps else None),  # fmt: skip
+            "fast_share_of_lineage": (
+                sum(self.fast_of[r["author"]] for r in steps) / len(steps) if steps else None
+            ),  # fmt: skip
             "fast_share_of_research_runs": self.research_runs_fast / research,
             "liar_head_share": shares["adversary_made"] if s.liars else 0.0,
             "fake_head_share": shares["adversary_in_lineage"],
