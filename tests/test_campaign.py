@@ -140,36 +140,15 @@ def test_bad_campaign_arguments_are_one_line_errors(made, tmp_path):
     assert bare.returncode == 1 and "needs --bootstrap" in bare.stderr
     baseline = tmp_path / "bad.py"
     baseline.write_text("import os\nos.system('true')\n")
-    refused = run_swarm(
-        "campaign",
-        "new",
-        "x",
-        "--program",
-        str(ROOT / "program.md"),
-        "--profile",
-        "test",
-        "--baseline",
-        str(baseline),
-        "--home",
-        str(tmp_path / "o"),
-        env=env,
-    )
+
+    def new_campaign(*options: str):
+        return run_swarm("campaign", "new", "x", "--program", str(ROOT / "program.md"),
+                         "--profile", "test", *options, "--home", str(tmp_path / "o"), env=env)  # fmt: skip
+
+    refused = new_campaign("--baseline", str(baseline))
     assert refused.returncode == 1 and "breaks the train.py policy" in refused.stderr
     for bad in ("cpu=1000", "test=lots", "test"):
-        budget = run_swarm(
-            "campaign",
-            "new",
-            "x",
-            "--program",
-            str(ROOT / "program.md"),
-            "--profile",
-            "test",
-            "--budget",
-            bad,
-            "--home",
-            str(tmp_path / "o"),
-            env=env,
-        )
+        budget = new_campaign("--budget", bad)
         assert budget.returncode == 1 and "expected PROFILE=TOKENS" in budget.stderr, budget.stderr
         assert len(budget.stderr.strip().splitlines()) == 1
 
