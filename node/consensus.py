@@ -130,7 +130,10 @@ def judge_claim(
 ) -> Judgement:  # fmt: skip
     """One claim's judgement from its own looks alone, those that count: by a peer other than
     its author and not `silenced`, with the same harness and profile (another harness measures
-    another thing), and, in a campaign with members, by the claim's committee. The
+    another thing), and, in a campaign with members, by the claim's committee; every member's
+    look, a silenced one's too, is cross-checked against the others' on its seed
+    (`evidence.cross_check`), so that any member's replay can expose a look no run stands
+    behind, and which peers it contradicts does not depend on `silenced`. The
     evidence's state (`evidence.judge`), UNPROVEN when it is open with `rules.look_budget` seeds
     behind it (a gain too small to tell from noise, if any: a change of no gain is refuted only
     after some 30 seeds, so verifiers stop before). What depends on other claims (the hold) is
@@ -138,18 +141,44 @@ def judge_claim(
     panel = None
     if rules.members is not None:
         panel = set(committee(claim["id"], claim["author"], rules.members, rules.committee_size))
-    counted = [
+    reports = [
         v for v in looks
-        if v["author"] != claim["author"] and v["author"] not in silenced
+        if v["author"] != claim["author"]
         and v["harness"] == claim["harness"] and v["profile"] == claim["profile"]
-        and (panel is None or v["author"] in panel)
+        and (rules.members is None or v["author"] in rules.members)
     ]  # fmt: skip
+    counted = [v for v in reports if v["author"] not in silenced
+               and (panel is None or v["author"] in panel)]  # fmt: skip
     j = evidence.judge(
-        claim, counted, quorum=rules.quorum, sigma=rules.sigma, tolerance=rules.tolerance
+        claim,
+        counted,
+        quorum=rules.quorum,
+        sigma=rules.sigma,
+        tolerance=rules.tolerance,
+        reports=reports,
     )
     if j.state == "open" and j.seeds >= rules.look_budget and not j.disputed:
         j = dataclasses.replace(j, state=UNPROVEN, reason=f"unproven: {j.reason}")
     return j
+
+
+def rests_on_unchecked(
+    claim: Mapping[str, Any],
+    looks: Iterable[Mapping[str, Any]],
+    rules: Rules,
+    silenced: Collection[str] = (),
+) -> bool:
+    """Whether a claim the looks verify (or hold) would not be, from the looks of the peers a
+    replay corroborated alone (`evidence.cross_check`): then a replay of the others' seeds is
+    due before anyone builds on it for long. A look no run stands behind is found that way,
+    whichever size of gain it shows."""
+    looks = list(looks)
+    if judge_claim(claim, looks, rules, silenced).state not in ("verified", HELD):
+        return False
+    reports = [v for v in looks if v["author"] != claim["author"]]
+    agreed = evidence.cross_check(reports, rules.tolerance).agreed
+    checked = [v for v in looks if v["author"] in agreed]
+    return judge_claim(claim, checked, rules, silenced).state not in ("verified", HELD)
 
 
 def judge_claims(
@@ -158,7 +187,8 @@ def judge_claims(
     rules: Rules,
     silenced: Collection[str] = (),
 ) -> dict[str, Judgement]:
-    """{result id: its judgement} for every kept result given (`judge_claim`, then `settle`).
+    """{result id: its judgement} for every kept result given (`judge_claim`, then `settle`),
+    the looks of the peers a replay contradicted anywhere (`contradicted`) left out everywhere.
 
     `results` carry id, author, profile, harness, parent, child, outcome (and child_scores,
     parent_scores, device for replays and the author's own look); `verifications` carry result,
@@ -175,7 +205,19 @@ def judge_claims(
     judged = {
         rid: judge_claim(by_id[rid], per_claim[rid], rules, silenced) for rid in sorted(by_id)
     }
+    out = contradicted(judged)
+    if out - set(silenced):  # a contradicted peer's looks count on no claim: judge without them
+        silenced = frozenset(silenced) | out
+        for rid in sorted(by_id):
+            if any(v["author"] in out for v in per_claim[rid]):
+                judged[rid] = judge_claim(by_id[rid], per_claim[rid], rules, silenced)
     return settle(judged, by_id)
+
+
+def contradicted(judged: Mapping[str, Judgement]) -> frozenset[str]:
+    """The peers whose signed look a replay contradicted, on any claim: a look no run stands
+    behind is no noise, so such a peer's looks count on no claim (`judge_claims`)."""
+    return frozenset(peer for j in judged.values() for peer in j.contradicted)
 
 
 def settle(

@@ -8,6 +8,7 @@ published the gain (parent minus child). Pure functions of the looks given: whic
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -38,6 +39,8 @@ class PeerLooks:
     void: bool = False  # its harness refused to score the child's run
     replay: float | None = None  # the child's score on the author's seed, on its device class
     misreported: bool = False  # it said its replay of the author's seed gave other scores
+    contradicted: bool = False  # most other reports on one of its seeds give other scores
+    contested: bool = False  # one of its seeds has reports that disagree, and no majority
 
     @property
     def weight(self) -> int:
@@ -62,11 +65,15 @@ class Judgement:
     disputed: bool = False  # no majority of peers agrees: nobody is an outlier, nobody trusted
     author_z: float | None = None  # the author's own claimed gain against the pooled estimate
     reason: str = ""
+    contradicted: tuple[str, ...] = ()  # peers whose report of a seed the replays contradict
+    contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
 
     def as_dict(self) -> dict:
         return {"state": self.state, "gain": self.gain, "se": self.se, "seeds": self.seeds,
                 "sigma": self.sigma, "peers": list(self.peers), "outliers": list(self.outliers),
-                "disputed": self.disputed, "author_z": self.author_z, "reason": self.reason}  # fmt: skip
+                "disputed": self.disputed, "author_z": self.author_z,
+                "contradicted": list(self.contradicted), "contested": list(self.contested),
+                "reason": self.reason}  # fmt: skip
 
 
 def _floats(value: Any) -> list[float]:
@@ -89,12 +96,68 @@ def claimed_first_score(claim: Mapping[str, Any]) -> float | None:
     return child[0] if child else claim.get("val_bpb")
 
 
-def peer_looks(looks: Iterable[Mapping[str, Any]], device: str | None) -> list[PeerLooks]:
+@dataclass(frozen=True)
+class CrossCheck:
+    """What the reports of several peers on one seed say about each other. A look reports two
+    scores on its seed, the child's and the parent's; a run is a function of its seed (within
+    the profile's replay tolerance, on one device class), so a peer that replays another's seed
+    must get the same two scores. A look that no run stands behind is found by one replay."""
+
+    contradicted: frozenset[str] = frozenset()  # a strict majority of a seed's reports differ
+    contested: frozenset[str] = frozenset()  # reports that disagree, and no majority: a tie
+    repeats: frozenset[tuple[str, int]] = frozenset()  # (peer, seed): another peer's report
+    # of the same run stands for it, so that a seed weighs once however many replayed it
+    agreed: frozenset[str] = frozenset()  # peers whose report on some seed another reproduced
+    ties: frozenset[tuple[int, str]] = frozenset()  # (seed, device class) of the contested seeds
+
+
+def cross_check(looks: Iterable[Mapping[str, Any]], tolerance: float) -> CrossCheck:
+    """The reports of the looks given (author, seed, child_val_bpb, parent_val_bpb, device),
+    compared seed by seed, within one device class: on a seed that several peers reported, a
+    report agrees with another when both scores lie within `tolerance`; a report that a strict
+    majority of the seed's reports agree with holds, and those that do not are contradicted;
+    when none holds, every report on the seed is contested until another replay decides. Of
+    the reports that hold, the seed weighs once: in the first peer's by id."""
+    by_seed: dict[tuple[int, str], dict[str, tuple[float, float]]] = {}
+    for v in looks:
+        child, parent = v.get("child_val_bpb"), v.get("parent_val_bpb")
+        if child is None or parent is None or not math.isfinite(child - parent):
+            continue
+        by_seed.setdefault((v["seed"], v.get("device") or ""), {}).setdefault(
+            v["author"], (child, parent)
+        )
+    contradicted, contested, repeats, agreed, ties = set(), set(), set(), set(), set()
+    for (seed, device), reports in by_seed.items():
+        if len(reports) < 2:
+            continue
+
+        def agree(a: tuple[float, float], b: tuple[float, float]) -> bool:
+            return abs(a[0] - b[0]) <= tolerance and abs(a[1] - b[1]) <= tolerance
+
+        holds = sorted(
+            peer for peer, r in reports.items()
+            if 2 * sum(agree(r, o) for o in reports.values()) > len(reports)
+        )  # fmt: skip
+        if not holds:
+            contested |= set(reports)
+            ties.add((seed, device))
+            continue
+        contradicted |= set(reports) - set(holds)
+        repeats |= {(peer, seed) for peer in holds[1:]}
+        agreed |= set(holds)
+    return CrossCheck(frozenset(contradicted), frozenset(contested - contradicted),
+                      frozenset(repeats), frozenset(agreed), frozenset(ties))  # fmt: skip
+
+
+def peer_looks(
+    looks: Iterable[Mapping[str, Any]], device: str | None, checked: CrossCheck = CrossCheck()
+) -> list[PeerLooks]:
     """Verification rows (author, verdict, delta, seed, replay_val_bpb, device) of one claim,
     grouped by peer, sorted by peer. A second look on the same seed is the same look: its gains
-    are averaged. A void, or a refutation without a score (the child broke the policy), is a
-    refusal; a crash counts neither way (a smaller machine may run out of memory). A replay
-    counts only from the claim's own `device` class."""
+    are averaged, and a seed another peer's report of the same run stands for (`checked`, the
+    claim's `cross_check`) is left out. A void, or a refutation without a score (the child
+    broke the policy), is a refusal; a crash counts neither way (a smaller machine may run out
+    of memory). A replay counts only from the claim's own `device` class."""
     by_peer: dict[str, dict[str, Any]] = {}
     for v in looks:
         entry = by_peer.setdefault(
@@ -108,16 +171,52 @@ def peer_looks(looks: Iterable[Mapping[str, Any]], device: str | None) -> list[P
             v["verdict"] == "refute" and v.get("child_val_bpb", delta) is None
         ):
             entry["void"] = True
-        elif isinstance(delta, (int, float)) and math.isfinite(delta):
+        elif (
+            isinstance(delta, (int, float)) and math.isfinite(delta)
+            and (v["author"], v["seed"]) not in checked.repeats
+        ):  # fmt: skip
             entry["seeds"].setdefault(v["seed"], []).append(-delta)
         replay = v.get("replay_val_bpb")
         if replay is not None and device and v.get("device") == device:
             entry["replay"] = replay if entry["replay"] is None else min(entry["replay"], replay)
     return [
         PeerLooks(peer, tuple(statistics.fmean(g) for _, g in sorted(e["seeds"].items())),
-                  e["void"], e["replay"], e["misreported"])
+                  e["void"], e["replay"], e["misreported"], peer in checked.contradicted,
+                  peer in checked.contested)
         for peer, e in sorted(by_peer.items())
     ]  # fmt: skip
+
+
+def seed_to_replay(
+    looks: Iterable[Mapping[str, Any]],
+    me: str,
+    author: str,
+    device: str,
+    tolerance: float,
+    contested_only: bool = False,
+) -> int | None:
+    """The seed of another peer's report on a claim that `me`, on `device`, should replay next
+    (`looks`: the claim's verification rows): a contested seed first, since one more report
+    decides it; then (unless `contested_only`) a seed nobody replayed yet, of a peer that no
+    replay corroborated or contradicted on this claim so far. Among several, the draw is by hash of `me` and the
+    seed: nodes that look at once replay different seeds, a peer's in proportion to its
+    reports. None: nothing to replay."""
+    looks = list(looks)
+    mine = {v["seed"] for v in looks if v["author"] == me}
+    looks = [v for v in looks if v["author"] not in (me, author)
+             and v.get("child_val_bpb") is not None and v.get("parent_val_bpb") is not None]  # fmt: skip
+    checked = cross_check(looks, tolerance)
+    reporters: dict[int, set[str]] = {}
+    for v in looks:
+        if (v.get("device") or "") == device and v["seed"] not in mine:
+            reporters.setdefault(v["seed"], set()).add(v["author"])
+    contested = [seed for seed in reporters if (seed, device) in checked.ties]
+    alone = [seed for seed, peers in reporters.items()
+             if len(peers) == 1 and not peers & (checked.contradicted | checked.agreed)]  # fmt: skip
+    pick = contested if contested or contested_only else alone
+    if not pick:
+        return None
+    return min(pick, key=lambda seed: hashlib.sha256(f"{me} {seed}".encode()).digest())
 
 
 def log_evalue(total: float, n: float, sigma: float, scale: float = MIXTURE) -> float:
@@ -198,6 +297,7 @@ def judge(
     quorum: int,
     sigma: float,
     tolerance: float,
+    reports: Iterable[Mapping[str, Any]] | None = None,
 ) -> Judgement:
     """The state of one claim (a result row: author, child_scores, parent_scores, device) from
     the looks that count (verification rows by peers other than its author):
@@ -213,10 +313,17 @@ def judge(
     - open: neither yet, or disputed (no majority of the peers agrees: `_outliers`). A state is
       the evidence's now: later looks can revoke it.
 
-    `sigma` is the profile's paired noise (a floor: see `_noise`)."""
+    Before any of it, the `reports` (the looks of every peer whose word counts, those that may
+    not judge this claim included; None: `looks`) are cross-checked seed by seed
+    (`cross_check`): the looks of a peer that the replays of its seed contradict, or that are
+    contested, count for nothing here. `sigma` is the profile's paired noise (a floor: see
+    `_noise`)."""
     if quorum < 1:
         raise ValueError("quorum must be at least 1: a result cannot verify itself")
-    peers = peer_looks(looks, claim.get("device"))
+    looks = list(looks)
+    checked = cross_check(looks if reports is None else reports, tolerance)
+    peers = [p for p in peer_looks(looks, claim.get("device"), checked)
+             if not (p.contradicted or p.contested)]  # fmt: skip
     signed = claimed_first_score(claim)
     # A replay's child score is checked here; its parent score only the replaying peer saw, and
     # its word for it weighs as a replay: either way, a majority of at least the quorum decides.
@@ -239,7 +346,8 @@ def judge(
         author_z = (claimed[0] - gain) / (spread(sigma, gain) * math.sqrt(1 / claimed[1] + 1 / n))
     base = {"gain": gain, "se": se, "seeds": n, "sigma": sigma,
             "peers": tuple(p.peer for p in pool), "outliers": outliers, "disputed": disputed,
-            "author_z": author_z}  # fmt: skip
+            "author_z": author_z, "contradicted": tuple(sorted(checked.contradicted)),
+            "contested": tuple(sorted(checked.contested))}  # fmt: skip
     if len(off) >= quorum and 2 * len(off) > len(replays):
         return Judgement(
             "misreported", **base,
@@ -251,13 +359,20 @@ def judge(
     if disputed:
         return Judgement("open", **base, reason="disputed: no majority of its verifiers agree")
     if _passes(pool, quorum, sigma, 0.0, +1):
-        return Judgement("verified", **base, reason=_summary(gain, se, n, len(pool)))
+        return Judgement("verified", **base, reason=_summary(gain, se, n, len(pool), checked))
     if _passes(pool, quorum, sigma, FUTILITY * sigma, -1):
-        return Judgement("refuted", **base, reason=_summary(gain, se, n, len(pool)))
-    return Judgement("open", **base, reason=_summary(gain, se, n, len(pool)))
+        return Judgement("refuted", **base, reason=_summary(gain, se, n, len(pool), checked))
+    return Judgement("open", **base, reason=_summary(gain, se, n, len(pool), checked))
 
 
-def _summary(gain: float | None, se: float | None, n: int, peers: int) -> str:
-    if gain is None or se is None:
-        return "no scored looks yet"
-    return f"gain {gain:+.4f} +- {se:.4f} over {n} seeds from {peers} peer(s)"
+def _summary(
+    gain: float | None, se: float | None, n: int, peers: int, checked: CrossCheck = CrossCheck()
+) -> str:
+    said = "no scored looks yet" if gain is None or se is None else (
+        f"gain {gain:+.4f} +- {se:.4f} over {n} seeds from {peers} peer(s)"
+    )  # fmt: skip
+    if checked.contradicted:
+        said += f"; replays contradict the looks of {len(checked.contradicted)} peer(s)"
+    if checked.contested:
+        said += f"; {len(checked.contested)} peers' reports of a seed disagree, awaiting a replay"
+    return said

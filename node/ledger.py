@@ -118,8 +118,19 @@ def _schema_3(db: sqlite_utils.Database) -> None:
     db["claims"].create_index(["profile", "state"])
 
 
+def _schema_4(db: sqlite_utils.Database) -> None:
+    """Release 4: looks are cross-checked seed by seed (`evidence.cross_check`); a claim keeps
+    the peers whose signed looks the replays contradicted, whose looks then count nowhere."""
+    db["claims"].add_column("contradicted", str)
+
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_schema_1, _schema_2, _schema_3]
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _schema_1,
+    _schema_2,
+    _schema_3,
+    _schema_4,
+]
 
 
 def _insert(conn: sqlite3.Connection, table: str, row: Mapping[str, Any]) -> None:
@@ -430,20 +441,44 @@ class Ledger(LedgerQueries):
 
     def _judge_claims(self, conn: sqlite3.Connection, ids: Iterable[str] | None = None) -> None:
         """Judge the kept claims `ids` (None: all) again from their looks, under the terms, and
-        keep each judgement in `claims`: one claim's looks only, so a look costs its claim alone."""
+        keep each judgement in `claims`: one claim's looks only, so a look costs its claim alone.
+        A peer that a replay of its seed contradicts on any claim is out of every claim
+        (`consensus.contradicted`): the claims it looked at are judged again without it."""
+        out = self._contradicted(conn)
         where = "" if ids is None else f" AND id IN ({', '.join('?' * len(ids := list(ids)))})"
-        claims = self.rows(f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'{where}",
-                           ids or ())  # fmt: skip
-        for claim in claims:
+        self._judge(conn, f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'{where}",
+                    ids or (), out)  # fmt: skip
+        now = self._contradicted(conn)
+        if now - out:
+            new = sorted(now - out)
+            self._judge(
+                conn,
+                f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep' AND id IN "
+                f"(SELECT result FROM verifications WHERE author IN ({', '.join('?' * len(new))}))",
+                new, now,
+            )  # fmt: skip
+
+    def _contradicted(self, conn: sqlite3.Connection) -> frozenset[str]:
+        rows = conn.execute(
+            "SELECT contradicted FROM claims WHERE contradicted IS NOT NULL AND contradicted != '[]'"
+        ).fetchall()
+        return frozenset(peer for (text,) in rows for peer in json.loads(text))
+
+    def _judge(
+        self, conn: sqlite3.Connection, sql: str, params: Iterable[Any], out: frozenset[str]
+    ) -> None:
+        for claim in self.rows(sql, tuple(params)):
             looks = self.rows(
                 f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
             )
-            j = consensus.judge_claim(claim, looks, self.rules(claim["profile"]))
+            j = consensus.judge_claim(claim, looks, self.rules(claim["profile"]), out)
             conn.execute(
-                "INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO claims VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (claim["id"], claim["profile"], claim["harness"], claim["parent"], claim["child"],
                  claim["author"], j.state, j.gain, j.se, j.seeds, j.sigma, json.dumps(j.peers),
-                 json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason),
+                 json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason,
+                 json.dumps(j.contradicted)),
             )  # fmt: skip
 
     def _organiser(self, conn: sqlite3.Connection) -> str | None:

@@ -25,7 +25,10 @@ _PAGE = 500  # rows per query where a query walks a long list
 # What `consensus` reads of each row.
 RESULT_COLUMNS = ("id, author, time, profile, parent, child, harness, outcome, val_bpb, "
                   "description, seeds, child_scores, parent_scores, device")  # fmt: skip
-LOOK_COLUMNS = "result, author, verdict, profile, harness, delta, seed, replay_val_bpb, device"
+LOOK_COLUMNS = (
+    "result, author, verdict, profile, harness, delta, seed, replay_val_bpb, device, "
+    "child_val_bpb, parent_val_bpb"
+)
 
 
 @functools.cache
@@ -37,7 +40,7 @@ def builtin_baseline() -> str:
 
 
 _JUDGED = ("state", "gain", "se", "seeds", "sigma", "peers", "outliers", "disputed", "author_z",
-           "reason")  # fmt: skip
+           "reason", "contradicted")  # fmt: skip
 
 
 def _judgement(row: Mapping[str, Any]) -> Judgement:
@@ -46,6 +49,7 @@ def _judgement(row: Mapping[str, Any]) -> Judgement:
         row["state"], row["gain"], row["se"], row["seeds"], row["sigma"],
         tuple(json.loads(row["peers"])), tuple(json.loads(row["outliers"])),
         bool(row["disputed"]), row["author_z"], row["reason"],
+        tuple(json.loads(row.get("contradicted") or "[]")),
     )  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 
 Standing is earned by a verified history (claims the evidence verified, looks that agreed with
 the pooled estimate) and lost for what noise does not explain: a look far outside the pooled
-estimate of the others, a claimed gain far above what the verifiers measured, a claim found
+estimate of the others, a look that replays of its seed contradict, a claimed gain far above what the verifiers measured, a claim found
 void or misreported. Honest noise (a chance win refuted, an inconclusive look) costs nothing.
 A peer recovers once its good evidence outweighs the bad again. Pure functions, except
 `ledger_standing`, which reads.
@@ -48,6 +48,7 @@ class Standing:
     overclaimed: int = 0  # of those, a claimed gain far above what the verifiers measured
     looks: int = 0  # claims decided with its looks among the pooled ones
     outlying: int = 0  # claims where its looks lay far outside the others'
+    contradicted: int = 0  # claims where replays of its seed gave other scores than it signed
     offences: Mapping[str, int] = field(default_factory=dict)  # refused messages by reason
     points: float = 0.0  # the offences, weighted
     reasons: tuple[str, ...] = ()  # why it lost standing; empty while it has it
@@ -63,7 +64,7 @@ class Standing:
 
     @property
     def bad(self) -> int:
-        return self.voided + self.misreported + self.overclaimed + self.outlying
+        return self.voided + self.misreported + self.overclaimed + self.outlying + self.contradicted
 
     @property
     def good(self) -> int:
@@ -79,7 +80,8 @@ class Standing:
         return {"peer": self.peer, "status": self.status, "claims": self.claims,
                 "verified": self.verified, "failed": self.failed, "voided": self.voided,
                 "misreported": self.misreported, "overclaimed": self.overclaimed,
-                "looks": self.looks, "outlying": self.outlying, "offences": dict(self.offences),
+                "looks": self.looks, "outlying": self.outlying,
+                "contradicted": self.contradicted, "offences": dict(self.offences),
                 "points": round(self.points, 2), "reasons": list(self.reasons)}  # fmt: skip
 
 
@@ -97,11 +99,13 @@ def _tally(
     def of(peer: str) -> dict[str, Any]:
         return tally.setdefault(peer, {"claims": 0, "verified": 0, "failed": 0, "void": [],
                                        "misreported": [], "overclaimed": [], "looks": 0,
-                                       "outlying": []})  # fmt: skip
+                                       "outlying": [], "contradicted": []})  # fmt: skip
 
     for r in sorted(results, key=lambda r: r["id"]):
         j = judged.get(r["id"])
         author = of(r["author"])
+        for peer in () if j is None else j.contradicted:  # whatever the claim's state
+            of(peer)["contradicted"].append(r["id"])
         if j is None or j.state not in DECIDED or j.disputed:
             continue
         author["claims"] += 1
@@ -172,7 +176,8 @@ def _judge(peer: str, t: Mapping[str, Any], offences: Mapping[str, int]) -> Stan
         peer, claims=t.get("claims", 0), verified=t.get("verified", 0), failed=t.get("failed", 0),
         voided=len(t.get("void", ())), misreported=len(t.get("misreported", ())),
         overclaimed=len(t.get("overclaimed", ())), looks=t.get("looks", 0),
-        outlying=len(t.get("outlying", ())), offences=dict(offences),
+        outlying=len(t.get("outlying", ())), contradicted=len(t.get("contradicted", ())),
+        offences=dict(offences),
         points=offence_points(offences),
     )  # fmt: skip
     reasons = []
@@ -182,6 +187,7 @@ def _judge(peer: str, t: Mapping[str, Any], offences: Mapping[str, int]) -> Stan
             (t.get("misreported", ()), "found misreported: replays of its seed gave other scores"),
             (t.get("overclaimed", ()), "claimed a gain far above what its verifiers measured"),
             (t.get("outlying", ()), "looked far outside the pooled estimate of the others"),
+            (t.get("contradicted", ()), "signed looks that replays of their seeds contradict"),
         ]
         said = "; ".join(
             f"{len(ids)} claim(s) {why} (first {min(ids)[:12]})" for ids, why in events if ids

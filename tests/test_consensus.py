@@ -178,6 +178,59 @@ def test_a_committee_is_drawn_by_hash_without_the_author_and_nobody_else_counts(
     assert state(results, looks("r1", panel[0], [0.05] * 4), r) in ("verified", HELD)
 
 
+def report(rid, author, seed, child, parent, device="cpu"):
+    """A look that signs both of its scores, as a node's does: child and parent on `seed`."""
+    verdict = "confirm" if parent > child else "refute"
+    return {**look(rid, author, parent - child, seed=seed, verdict=verdict, device=device),
+            "child_val_bpb": child, "parent_val_bpb": parent}  # fmt: skip
+
+
+def test_a_look_no_run_stands_behind_is_contradicted_by_two_replays_of_its_seed():
+    made_up = [report("r1", "c", 10 + k, 1.50, 1.52) for k in range(3)]  # a 4-sigma gain, thrice
+    results = [result("r1", "a", BASELINE, V1)]
+    assert state(results, made_up) in ("verified", HELD)
+    one = [*made_up, report("r1", "h1", 10, 1.531, 1.530)]  # the seed's real scores: no gain
+    judged = judge_claims(results, one, RULES)["r1"]
+    assert judged.contested == ("c", "h1") and judged.state == "open"  # one against one
+    two = [*one, report("r1", "h2", 10, 1.53105, 1.53002)]  # a second replay agrees with the first
+    judged = judge_claims(results, two, RULES)["r1"]
+    assert judged.contradicted == ("c",) and judged.contested == ()
+    assert judged.state != "verified" and judged.peers == ("h1",)  # the seed weighs once
+    # on another device class, a replay proves nothing: scores differ between classes
+    other = [*made_up, *(report("r1", h, 10, 1.531, 1.530, device="gpu") for h in ("h1", "h2"))]
+    assert judge_claims(results, other, RULES)["r1"].contradicted == ()
+
+
+def test_a_contradicted_peer_counts_on_no_claim_and_the_ledger_agrees(tmp_path):
+    results = [result("r1", "a", BASELINE, V1), result("r2", "a", V1, V2)]
+    rows = [
+        *(report("r1", "c", 10 + k, 1.50, 1.52) for k in range(3)),
+        *(report("r1", h, 10, 1.531, 1.530) for h in ("h1", "h2")),
+        *(report("r2", "c", 20 + k, 1.50, 1.52) for k in range(3)),  # nobody replayed these
+    ]
+    judged = judge_claims(results, rows, RULES)
+    assert judged["r1"].contradicted == ("c",)
+    assert judged["r2"].state == "open" and judged["r2"].seeds == 0  # c's looks count nowhere
+    assert consensus.contradicted(judged) == {"c"}
+    assert state(results, [r for r in rows if r["result"] == "r2"], rid="r2") in ("verified", HELD)
+
+
+def test_a_replay_is_due_while_a_verdict_rests_on_looks_nobody_replayed():
+    results = [result("r1", "a", BASELINE, V1)]
+    made_up = [report("r1", "c", 10 + k, 1.50, 1.52) for k in range(3)]
+    assert consensus.rests_on_unchecked(results[0], made_up, RULES)
+    seed = evidence.seed_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance)
+    assert seed in (10, 11, 12)
+    assert evidence.seed_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance, True) is None
+    assert evidence.seed_to_replay(made_up, "h1", "a", "gpu", RULES.tolerance) is None
+    tie = [*made_up, report("r1", "h1", 11, 1.531, 1.530)]
+    assert evidence.seed_to_replay(tie, "h2", "a", "cpu", RULES.tolerance, True) == 11
+    honest = [report("r1", "b", 10 + k, 1.50, 1.52) for k in range(3)]
+    replayed = [*honest, report("r1", "h1", 10, 1.5001, 1.5201)]  # it reproduces: b ran them
+    assert not consensus.rests_on_unchecked(results[0], replayed, RULES)
+    assert evidence.seed_to_replay(replayed, "h2", "a", "cpu", RULES.tolerance) is None
+
+
 # ---------------------------------------------------------------------------------------------
 # Void and misreported: what no noise explains, decided by a majority of at least the quorum
 

@@ -179,13 +179,14 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
     monkeypatch.undo()
     calls = []
 
-    def step_4(db):
-        calls.append(4)
+    def step_next(db):
+        calls.append("next")
         db["results"].add_column("note", str)
 
-    monkeypatch.setattr(ledger, "MIGRATIONS", [*ledger.MIGRATIONS, step_4])
+    monkeypatch.setattr(ledger, "MIGRATIONS", [*ledger.MIGRATIONS, step_next])
     with Ledger(tmp_path / "l.db") as v3:
-        assert v3.schema_version == 4 and "terms" in v3.db.table_names()
+        assert v3.schema_version == len(ledger.MIGRATIONS) and "terms" in v3.db.table_names()
+        assert "contradicted" in v3.db["claims"].columns_dict
         assert {"seeds", "parent_scores", "device", "budget", "note"} <= set(
             v3.db["results"].columns_dict
         )
@@ -196,7 +197,7 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
         v3.ingest(make_result(alice, 1, BASELINE, V1, 1.4).raw)  # a new fact in the old ledger
         assert _count(v3, "results") == 2
     Ledger(tmp_path / "l.db").close()
-    assert calls == [4]
+    assert calls == ["next"]
 
 
 # ---------------------------------------------------------------- leaderboard and lineage

@@ -26,6 +26,7 @@ from node.agent.proposers import Context, Proposal
 from node.agent.researcher import Researcher
 from node.agent.verifier import Verified, verify_claim
 from node.consensus import verified_children
+from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile, harness_sha256
 
@@ -250,15 +251,15 @@ def test_a_head_whose_train_py_has_not_arrived_yet_is_adopted_once_it_has(
 
 
 class Valley(Landscape):
-    """A smooth landscape over two constants (best at MATRIX_LR 0.03, WARMDOWN 0.6), with seed
+    """A smooth landscape over two constants (best at HEAD_LR 0.006, LOGIT_SOFTCAP 30), with seed
     noise well under the noise floor: changes toward the valley win, everything else is flat."""
 
     def __call__(self, script, profile, data, run_dir, seed=0, on_event=lambda _: None):
         source = script.read_text()
         self.runs.append(source)
-        lr = float(re.search(r"^MATRIX_LR = ([0-9.e-]+)", source, re.M)[1])
-        warmdown = float(re.search(r"^WARMDOWN = ([0-9.e-]+)", source, re.M)[1])
-        bpb = 1.5 + 0.05 * math.log(lr / 0.03) ** 2 + 0.2 * (warmdown - 0.6) ** 2
+        lr = float(re.search(r"^HEAD_LR = ([0-9.e-]+)", source, re.M)[1])
+        cap = float(re.search(r"^LOGIT_SOFTCAP = ([0-9.e-]+)", source, re.M)[1])
+        bpb = 1.5 + 0.05 * math.log(lr / 0.006) ** 2 + 0.2 * (cap / 30 - 1) ** 2
         return dataclasses.replace(
             super().__call__(script, profile, data, run_dir, seed),
             val_bpb=bpb + 0.0003 * (seed % 2),
@@ -291,7 +292,7 @@ def test_three_offline_nodes_converge_on_one_head_verified_by_the_quorum(
     verified = verified_children(results, verifications, ledgers[0].rules("test", 2))
     made = [r for r in results if r["child"] == head and r["id"] in verified]
     assert made and all(len(verified[r["id"]]) >= 2 for r in made)  # two peers besides the author
-    assert min(r["val_bpb"] for r in made) < 1.5 + 0.05 * math.log(2 / 3) ** 2 + 0.2 * 0.04
+    assert min(r["val_bpb"] for r in made) < 1.5 + 0.05 * math.log(2 / 3) ** 2 + 0.2 * 0.25
     for node in nodes:
         node.step()
         assert node.adopted == head  # every node builds on the same verified head
@@ -561,8 +562,13 @@ def test_the_nodes_speed_comes_from_its_own_runs_never_from_a_strangers_claim(bo
     assert worker.speed() == pytest.approx(2.1e10)
 
 
-def _verified_claim(book, author, verifier, parent: str, child: str, gain: float = 0.05) -> wire.Fact:
-    """`author`'s kept claim of `child` on `parent`, with `verifier`'s looks enough to verify it."""
+DAVE = Identity(bytes(range(3, 35)))
+
+
+def _verified_claim(book, author, verifier, parent: str, child: str, gain: float = 0.05,
+                    replayed_by: Identity | None = None) -> wire.Fact:  # fmt: skip
+    """`author`'s kept claim of `child` on `parent`, with `verifier`'s looks enough to verify it,
+    and `replayed_by`'s replays of the same seeds with the same scores, if given."""
     for source in (parent, child):
         book.add_version(source.encode())
     body = wire.result_body(
@@ -572,19 +578,20 @@ def _verified_claim(book, author, verifier, parent: str, child: str, gain: float
     )  # fmt: skip
     fact = wire.sign(author, "result", CAMPAIGN, book.next_seq(author.public_key), body)
     book.ingest(fact.raw)
-    for seed in range(consensus.HOLD_LOOKS):
-        look = wire.verification_body(
-            result=fact.id, child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=100 + seed,
-            profile="test", harness=harness_sha256(PROFILE), verdict="confirm",
-        )  # fmt: skip
-        book.ingest(wire.sign(verifier, "verification", CAMPAIGN, book.next_seq(verifier.public_key), look).raw)
+    for who in (verifier, replayed_by) if replayed_by else (verifier,):
+        for seed in range(consensus.HOLD_LOOKS):
+            look = wire.verification_body(
+                result=fact.id, child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=100 + seed,
+                profile="test", harness=harness_sha256(PROFILE), verdict="confirm",
+            )  # fmt: skip
+            book.ingest(wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), look).raw)
     return fact
 
 
 def test_a_node_re_measures_the_head_it_adopts_as_a_look_at_its_claim(book, alice, bob, carol, tmp_path):
     """The look pairs the head on the first seed the node builds on it with: the head runs once,
-    for the look and the research after it alike."""
-    claim = _verified_claim(book, alice, bob, BASELINE, NARROW)
+    for the look and the research after it alike (its verifier's seeds were replayed already)."""
+    claim = _verified_claim(book, alice, bob, BASELINE, NARROW, replayed_by=DAVE)
     landscape = Landscape()
     node = researcher(book, carol, tmp_path, Scripted(SOFTCAP), landscape, verify_every=4)
     node.start()
@@ -600,10 +607,28 @@ def test_a_node_re_measures_the_head_it_adopts_as_a_look_at_its_claim(book, alic
     assert len(seeds) == len(set(seeds)) == landscape.runs.count(NARROW)  # never a seed twice
 
 
+def test_an_adopter_replays_a_seed_of_looks_nobody_replayed_and_a_made_up_one_is_out(
+    book, alice, bob, carol, tmp_path
+):
+    """A win verified by one peer's looks that no run stands behind: the adopter's re-score
+    replays one of their seeds instead of its own, the scores differ, and the win is no longer
+    verified: the head moves back to the baseline at once."""
+    claim = _verified_claim(book, alice, bob, BASELINE, NARROW, gain=0.05)
+    node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=4)
+    node.start()
+    looked = node.rescored
+    assert looked is not None and looked.fact.body["seed"] in range(100, 100 + consensus.HOLD_LOOKS)
+    results, looks = book.claim_rows("test")
+    judged = consensus.judge_claims(results, looks, book.rules("test"))[claim.id]
+    assert judged.contested == tuple(sorted((bob.peer_id, carol.peer_id)))
+    assert best_head(book, "test", sha(BASELINE)) == sha(BASELINE)
+
+
 def test_looks_that_revoke_an_adopted_win_move_every_node_back(book, alice, bob, carol, tmp_path):
-    """A win verified by one peer's lucky looks: the adopter's re-score and later audits find no
-    gain, the pooled evidence no longer verifies it, and the head moves back to the baseline."""
-    _verified_claim(book, alice, bob, BASELINE, SOFTCAP, gain=0.03)  # the landscape says: +0.02
+    """A win verified by lucky looks (two peers ran the same seeds): the adopter's re-score and
+    later audits find no gain, the pooled evidence no longer verifies it, and the head moves
+    back to the baseline."""
+    _verified_claim(book, alice, bob, BASELINE, SOFTCAP, gain=0.03, replayed_by=DAVE)  # really +0.02
     node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=1)
     node.start()  # adopts it, and re-scores it: one look
     assert node.adopted == sha(SOFTCAP) and node.rescored is not None

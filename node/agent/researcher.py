@@ -27,6 +27,7 @@ from node.agent.proposers import Proposal, Proposer
 from node.agent.verifier import VERIFY_RUN, Verified, ledger_claims_to_verify, verify_claim
 from node.identity import Identity
 from node.ledger import Ledger
+from node.ledger_queries import LOOK_COLUMNS
 from node.trainer import Profile, RunResult, TokenData, harness_sha256, run_experiment
 from node.trainer.compile_cache import CompileCache
 
@@ -231,6 +232,18 @@ class Researcher:
         )
         self.proposer.queue_for(self.head.source, merges)
 
+    def follow(self) -> Verified | None:
+        """A step of a node that stopped researching and follows the swarm: adopt the best head
+        (its re-score is the step), else replay a look nobody replayed at a step of its lineage.
+        None: nothing to run."""
+        if self.margin is None:
+            self.start()
+        self.adopt()
+        if self.rescored is not None:
+            looked, self.rescored = self.rescored, None
+            return looked
+        return self._audit(replays_only=True) if self.verify_every else None
+
     def _lineage(self) -> list[dict]:
         """The verified claims from the baseline to the adopted head, oldest first."""
         scores, _, results = self.ledger.standings(
@@ -250,10 +263,12 @@ class Researcher:
         made = [r for r in self._lineage() if r["child"] == version]
         return made[0]["id"] if made and made[0]["author"] != self.me.peer_id else None
 
-    def _audit(self) -> Verified | None:
-        """A look at the verified step of the head's lineage with the fewest seeds behind it,
-        among those this node did not make and has looked at fewer than `evidence.PEER_CAP`
-        times: a win adopted by mistake is revoked by such looks."""
+    def _audit(self, replays_only: bool = False) -> Verified | None:
+        """A look at a verified step of the head's lineage that this node did not make and has
+        looked at fewer than `evidence.PEER_CAP` times: one with another peer's report to
+        replay first (`_replay_seed`), then (unless `replays_only`) the one with the fewest
+        seeds behind it. A win adopted by mistake, or on looks no run stands behind, is revoked
+        by such looks."""
         _, judged, _ = self.ledger.standings(self.profile.name, self.quorum, self.harness)
         mine = {r["result"]: r["n"] for r in self.ledger.rows(
             "SELECT result, COUNT(*) AS n FROM verifications WHERE author = ? GROUP BY result",
@@ -262,8 +277,37 @@ class Researcher:
                  and mine.get(r["id"], 0) < evidence.PEER_CAP and r["id"] in judged]  # fmt: skip
         if not steps:
             return None
-        claim = min(steps, key=lambda r: (judged[r["id"]].seeds, r["id"]))
+        claim = min(steps, key=lambda r: (self._replay_seed(r) is None, judged[r["id"]].seeds,
+                                          r["id"]))  # fmt: skip
+        if replays_only and self._replay_seed(claim) is None:
+            return None
         return self._look(claim, "audit")
+
+    def _device(self) -> str:
+        """This node's device class, as its latest run on the profile recorded it."""
+        rows = self.ledger.rows(
+            "SELECT device FROM runs WHERE profile = ? AND device IS NOT NULL "
+            "ORDER BY id DESC LIMIT 1",
+            (self.profile.name,),
+        )
+        return rows[0]["device"] if rows else ""
+
+    def _replay_seed(self, claim: dict, contested_only: bool = False) -> int | None:
+        """The seed of another peer's look at `claim` this node should replay
+        (`evidence.seed_to_replay`): a contested one, or (unless `contested_only`) one of a
+        peer no replay corroborated yet, while the claim's verdict rests on such peers'
+        looks (`consensus.rests_on_unchecked`). None when there is none."""
+        looks = self.ledger.rows(
+            f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
+        )
+        row = self._claim_row(claim["id"]) or claim
+        unchecked = not contested_only and consensus.rests_on_unchecked(
+            row, looks, self.ledger.rules(self.profile.name, self.quorum)
+        )
+        return evidence.seed_to_replay(
+            looks, self.me.peer_id, claim["author"], self._device(),
+            self.profile.replay_tolerance, not unchecked,
+        )  # fmt: skip
 
     def _kept_parent(self, child: str) -> str | None:
         """The parent of the first kept result that made `child` on the profile; None: none did."""
@@ -316,7 +360,8 @@ class Researcher:
         self.proposer.queue_for(better.source, [merged_in])
 
     def step(self) -> Step | Verified:
-        """One experiment: the look at a newly adopted head's claim (its re-score), else every
+        """One experiment: the look at a newly adopted head's claim (its re-score), else a
+        replay of a look nobody replayed at a step of the head's lineage, else every
         AUDIT_EVERY-th step an audit of the head's lineage, else a verification of a peer's
         claim (every `verify_every`-th step, when one is open), else a research step from the
         head, else (when the proposer has nothing, or its model failed or its budget is spent) a
@@ -333,8 +378,9 @@ class Researcher:
         if self.rescored is not None:  # adopting, it re-measured the head: that was the step
             looked, self.rescored = self.rescored, None
             return looked
-        if self.verify_every and self.steps % AUDIT_EVERY == 0:
-            audited = self._audit()
+        if self.verify_every:  # a step of the head's lineage resting on looks nobody
+            # replayed comes first; every AUDIT_EVERY-th step, an audit of any step
+            audited = self._audit(replays_only=self.steps % AUDIT_EVERY != 0)
             if audited is not None:
                 return audited
         if self.verify_every and self.steps % self.verify_every == 0:
@@ -403,7 +449,9 @@ class Researcher:
         the child on this node's next seed for it, paired with its own score of the parent.
         Verifications also replay the author's seed (`verify_claim`); re-scores and audits,
         which every adopter makes, do not: a replay per claim and verifier is what catches a
-        misreport, and the verifiers' replays are there.
+        misreport, and the verifiers' replays are there. An audit runs on the seed of another
+        peer's look that nobody replayed yet, and a verification on a contested one, when there
+        is one (`_replay_seed`): a look no run stands behind is then contradicted.
         A re-score's seed is the first this node pairs the adopted head with, so that the look
         costs one run of the parent. None when another worker has it or it cannot run here."""
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
@@ -418,6 +466,9 @@ class Researcher:
         seed = self.seeds(claim["parent"], looks + 1)[looks]
         if why == "re-score":
             seed = self.seeds(claim["child"])[0]
+        # A verification decides a contested report first; a re-score or an audit replays any.
+        replay = self._replay_seed(claim, contested_only=why == "verify")
+        seed = seed if replay is None else replay
         try:
             verified = verify_claim(
                 self.ledger, self.me, claim, self.margin, self.profile, self.data,

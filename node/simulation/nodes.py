@@ -167,13 +167,13 @@ class SimNode:
 
     def act(self) -> None:
         """One step of the node's life: a Researcher step (or, once research is over, only
-        following the swarm's head); a colluder's turn."""
+        following the swarm's head: `Researcher.follow`); a colluder's turn."""
         if self.role == "colluder":
             self._collude()
         elif self.sim.research_open:
             self.researcher.step()
         else:
-            self.researcher.adopt()
+            self.researcher.follow()
 
     def adopted(self) -> str | None:
         return self.researcher.adopted
