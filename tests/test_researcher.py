@@ -178,21 +178,49 @@ def ledger_of(tmp_path, name: str) -> Ledger:
     return Ledger(tmp_path / name / "ledger.db", campaign=CAMPAIGN)
 
 
-def test_every_nth_step_verifies_an_open_claim_of_a_peer(book, alice, bob, tmp_path):
+def test_a_node_drawn_for_a_claim_on_its_head_looks_at_it_at_the_next_step(book, alice, bob, tmp_path):
+    """The claim is on the head alice adopted and she is among the peers its hash draws (of the
+    two active, she is the only one who is not its author): her next step is the look, whatever
+    `verify_every` says, and the research after it starts from the claimed child."""
     landscape = Landscape()
     with ledger_of(tmp_path, "bob") as bobs:
         researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
         gossip(bobs, book)
-    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=2)
-    assert worker.step().outcome == "discard"  # step 1: research (softcap 30 is worse)
-    assert worker.status()["pending_verifications"] == 1  # bob's claim waits, `swarm status` shows it
-    before = len(landscape.runs)
-    checked = worker.step()  # step 2: bob's claim is open
+    (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
+    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=8)
+    checked = worker.step()
     assert isinstance(checked, Verified) and checked.verdict == "confirm"
-    # Alice's own run of the baseline on the same seed gives the parent's score: only the child ran.
-    assert landscape.runs[before:] == [NARROW]
+    assert checked.fact.body["result"] == claim["id"]
     assert checked.fact.body["seed"] == worker.seeds(sha(BASELINE))[0]
     assert worker.published[-1].kind == "verification"
+    assert worker.head.sha256 == sha(NARROW)  # research goes ahead from the claim under judgement
+    assert worker.adopted == sha(BASELINE)  # adoption waits for the evidence (the first win's hold)
+
+
+def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
+    book, alice, bob, carol, tmp_path
+):
+    """A claim on the adopted head that the looks favour is where research goes on while it is
+    judged; once the looks refute it, the node is back on the adopted head."""
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
+        gossip(bobs, book)
+    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=0)
+    worker.start()
+    (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
+    looks = [wire.verification_body(
+        result=claim["id"], child_val_bpb=1.5 + 0.05, parent_val_bpb=1.5, seed=200 + k,
+        profile="test", harness=harness_sha256(PROFILE), verdict="refute",
+    ) for k in range(8)]  # fmt: skip
+    worker.verify_every = 1
+    worker._speculate()
+    assert worker.head.sha256 == sha(NARROW)  # favoured: no look yet, its author claims a gain
+    for body in looks:
+        book.ingest(wire.sign(carol, "verification", CAMPAIGN, book.next_seq(carol.public_key), body).raw)
+    assert book.standings("test", every=True)[1][claim["id"]].state == "refuted"
+    worker._speculate()
+    assert worker.head.sha256 == sha(BASELINE) == worker.adopted
 
 
 def two_verified_wins(book, bob, carol, tmp_path, landscape, bobs_runs=None, **bobs) -> None:
@@ -476,14 +504,18 @@ SOFTER = ("LOGIT_SOFTCAP 15 -> 30", "LOGIT_SOFTCAP = 15.0 ", "LOGIT_SOFTCAP = 30
 
 
 class Meanwhile(Landscape):
-    """During the first run of `source`, `then()` happens: another worker's steps on another GPU."""
+    """During the first run of `source` (on `seed`, when set), `then()` happens: another
+    worker's steps on another GPU."""
 
-    def __init__(self, source: str, then) -> None:
+    def __init__(self, source: str, then, seed: int | None = None) -> None:
         super().__init__()
-        self.source, self.then = source, then
+        self.source, self.then, self.seed = source, then, seed
 
     def __call__(self, script, *args, **kwargs):
-        if self.then is not None and script.read_text() == self.source:
+        if (
+            self.then is not None and script.read_text() == self.source
+            and self.seed in (None, kwargs.get("seed"))
+        ):  # fmt: skip
             then, self.then = self.then, None
             then()
         return super().__call__(script, *args, **kwargs)
@@ -544,10 +576,15 @@ def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, 
                         crew=crew)  # fmt: skip
     first.start()
     second.start()
+    landscape.seed = first.seeds(sha(BASELINE))[0]  # the first look's run of the child
     checked = first.step()  # verifies bob's claim; meanwhile the second worker researches instead
     assert isinstance(checked, Verified) and checked.verdict == "confirm"
     assert [type(s) for s in meanwhile] == [Step] and meanwhile[0].outcome == "discard"
-    assert landscape.runs.count(NARROW) == 1
+    # the child ran for the look, and as the head both research ahead from: its score on the
+    # node's first seed for it, and the second worker's pair on the second (while calibrating)
+    runs = book.rows("SELECT description FROM runs WHERE child = ?", (sha(NARROW),))
+    assert sorted(r["description"].split(" ")[0] for r in runs) == ["pair", "score", "verify"]
+    assert landscape.runs.count(NARROW) == 3
     assert [f.kind for f in first.published + second.published] == ["verification", "result"]
 
 

@@ -28,11 +28,13 @@ from node.agent.verifier import VERIFY_RUN, Verified, ledger_claims_to_verify, v
 from node.identity import Identity
 from node.ledger import Ledger
 from node.ledger_queries import LOOK_COLUMNS
+from node.standing import ledger_standing, silenced
 from node.trainer import Profile, RunResult, TokenData, harness_sha256, run_experiment
 from node.trainer.compile_cache import CompileCache
 
 SPEED_RUNS = 20  # this node's latest runs behind its measured speed
 AUDIT_EVERY = 10  # every this many steps, one look at an older verified step of the head's lineage
+ACTIVE_MS = 3_600_000  # a peer that published in the last hour is active: it may be drawn to look
 # Until its noise estimate has this many degrees of freedom, a node runs every experiment on
 # two seeds: each such pair is one more degree of freedom (afterwards only apparent wins are).
 CALIBRATION_DF = 4
@@ -232,6 +234,70 @@ class Researcher:
         )
         self.proposer.queue_for(self.head.source, merges)
 
+    def _speculate(self) -> None:
+        """Research ahead of the evidence: from the adopted head, move to another peer's claim on
+        it that the looks so far favour (a pooled gain above zero, still open or held), so that
+        the next win is found while this one is being verified; a claim that then fails takes
+        the node back to the adopted head. Its own kept chain goes first. Adoption, the head
+        and every "best" still read verified claims alone."""
+        if self.head is None or self.adopted is None or not self.verify_every:
+            return
+        _, judged, results = self.ledger.standings(
+            self.profile.name, self.quorum, self.harness, every=True
+        )
+        if self.head.sha256 != self.adopted:
+            if self._viable(self.head.sha256, judged, results):
+                return
+            source = self.ledger.version(self.adopted)
+            if source is None:
+                return
+            self.head = Head(source.decode(), self.score(source.decode()))
+        skip = silenced(ledger_standing(self.ledger))
+        favoured = [
+            r for r in results
+            if r["parent"] == self.adopted and r["author"] != self.me.peer_id
+            and r["author"] not in skip and r["id"] in judged
+            and judged[r["id"]].state in ("open", consensus.HELD)
+            and self._favour(r, judged[r["id"]]) > 0 and self.ledger.version(r["child"]) is not None
+            and (self.trusted is None or self.trusted(r["author"]))
+        ]  # fmt: skip
+        if not favoured:
+            return
+        pick = max(favoured, key=lambda r: (self._favour(r, judged[r["id"]]), r["id"]))
+        source = self.ledger.version(pick["child"]).decode()
+        try:
+            self.head = Head(source, self.score(source))
+        except AgentError:  # it crashes here: stay on the adopted head
+            return
+        self._set(f"research ahead from {pick['child'][:12]}, a claim being verified")
+
+    @staticmethod
+    def _favour(claim: dict, j) -> float:
+        """How much a claim is worth researching ahead from: the pooled gain of its looks, or,
+        before any, the gain its author claimed."""
+        if j.seeds:
+            return j.gain or 0.0
+        claimed = evidence.claimed_gain(claim)
+        return claimed[0] if claimed else 0.0
+
+    def _viable(self, version: str, judged: dict, results: list[dict]) -> bool:
+        """Whether every claim from the adopted head to `version` is still verified, open or
+        held: nothing on the way was refuted, left unproven, void or misreported."""
+        made = {}
+        for r in sorted(results, key=lambda r: r["time"], reverse=True):
+            made[r["child"]] = r
+        seen = set()
+        while version != self.adopted:
+            r = made.get(version)
+            if r is None or version in seen:
+                return r is None and self._builds_on(version, self.adopted)
+            seen.add(version)
+            j = judged.get(r["id"])
+            if j is not None and j.state not in ("verified", "open", consensus.HELD):
+                return False
+            version = r["parent"]
+        return True
+
     def follow(self) -> Verified | None:
         """A step of a node that stopped researching and follows the swarm: adopt the best head
         (its re-score is the step), else replay a look nobody replayed at a step of its lineage.
@@ -360,9 +426,11 @@ class Researcher:
         self.proposer.queue_for(better.source, [merged_in])
 
     def step(self) -> Step | Verified:
-        """One experiment: the look at a newly adopted head's claim (its re-score), else a
-        replay of a look nobody replayed at a step of the head's lineage, else every
-        AUDIT_EVERY-th step an audit of the head's lineage, else a verification of a peer's
+        """One experiment: the look at a newly adopted head's claim (its re-score), else a look
+        at a claim on the adopted head (or the one it researches ahead from: `_speculate`) this
+        node was drawn to judge (`_on_duty`), else a replay of a look nobody replayed at a step
+        of the head's lineage, else every AUDIT_EVERY-th step an audit of the head's lineage,
+        else a verification of a peer's
         claim (every `verify_every`-th step, when one is open), else a research step from the
         head, else (when the proposer has nothing, or its model failed or its budget is spent) a
         verification after all. Publishes what it signed. A refused step ran nothing: a caller
@@ -373,13 +441,22 @@ class Researcher:
         self._update_noise()
         self.adopt()
         self._follow_crew()
+        self._speculate()
         self.steps += 1
-        self.pending = len(self._open_claims(limit=1000))
+        claims = self._open_claims(limit=1000)
+        self.pending = len(claims)
         if self.rescored is not None:  # adopting, it re-measured the head: that was the step
             looked, self.rescored = self.rescored, None
             return looked
-        if self.verify_every:  # a step of the head's lineage resting on looks nobody
-            # replayed comes first; every AUDIT_EVERY-th step, an audit of any step
+        if self.verify_every:  # a claim on the adopted head this node was drawn to judge
+            due = [c for c in claims if c["parent"] in (self.adopted, self.head.sha256)
+                   and self._on_duty(c)]  # fmt: skip
+            for claim in due[:1]:
+                looked = self._look(claim, "verify")
+                if looked is not None:
+                    return looked
+        if self.verify_every:  # then a step of the head's lineage resting on looks
+            # nobody replayed; every AUDIT_EVERY-th step, an audit of any step
             audited = self._audit(replays_only=self.steps % AUDIT_EVERY != 0)
             if audited is not None:
                 return audited
@@ -423,6 +500,7 @@ class Researcher:
         claims = ledger_claims_to_verify(
             self.ledger, self.me.peer_id, self.profile.name, self.harness, self.quorum,
             limit=limit if self.trusted is None else max(limit, 64), baseline=self.baseline,
+            head=self.adopted,
         )  # fmt: skip
         if self.trusted is not None:
             claims = [
@@ -431,6 +509,21 @@ class Researcher:
                 and (c["parent"] == self.baseline or self.own_scores(c["parent"]))
             ]  # fmt: skip
         return claims[:limit]
+
+    def _on_duty(self, claim: dict) -> bool:
+        """Whether this node is drawn to judge `claim` at once: on its committee (in a campaign
+        with members, the only claims `_open_claims` gives), else among the first of the
+        committee's size by the same hash over the peers active in the last ACTIVE_MS, this
+        one included. Nobody picks them, and they look in parallel at the next step."""
+        rules = self.ledger.rules(self.profile.name, self.quorum)
+        if rules.members is not None:
+            return True
+        rows = self.ledger.rows(
+            "SELECT peer_id FROM peers WHERE last_seen >= ?", (self.ledger.clock() - ACTIVE_MS,)
+        )
+        active = {r["peer_id"] for r in rows} | {self.me.peer_id}
+        drawn = consensus.committee(claim["id"], claim["author"], active, rules.committee_size)
+        return self.me.peer_id in drawn
 
     def _verify_one(self) -> Verified | None:
         busy = self.crew.in_hand("verify")  # claims another worker of this node is verifying

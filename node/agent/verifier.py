@@ -42,6 +42,7 @@ def claims_to_verify(
     profile: str, harness: str, rules: consensus.Rules, limit: int = 5,
     baseline: str | None = None, skip: Collection[str] = (),
     per_author: int = MAX_WAITING_PER_AUTHOR, judged: Mapping[str, Judgement] | None = None,
+    head: str | None = None,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
     """Kept claims of other peers on `profile`, measured with this node's `harness`, whose
     looks can still move them (open, or held for more seeds: `consensus.judge_claims`), where
@@ -49,9 +50,10 @@ def claims_to_verify(
     have fewer seeds behind them than the look budget (`Rules.look_budget`) and fewer than
     `evidence.PEER_CAP` of this node's; by authors not in `skip` (those that lost standing).
 
-    The frontier first: claims built on the `baseline` or on a verified child, since only those
-    can become the head (a win on an unverified parent waits for its parent); claims this node
-    never looked at before those it did. Then round-robin across authors, the author this node
+    Claims built on the `head` this node adopted first (each would be the next head), then the
+    rest of the frontier: claims built on the `baseline` or on a verified child, since only
+    those can become the head or be merged onto it (a win on an unverified parent waits for its
+    parent); claims this node never looked at before those it did. Then round-robin across authors, the author this node
     has looked at least first, so that a flood of claims by one author cannot starve the
     others; each author's claims by largest claimed gain (the likeliest next heads), ties by
     id, at most `per_author` of them. `judged`: the claims' judgements under `rules`, when the
@@ -86,7 +88,9 @@ def claims_to_verify(
 
     queues: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
     for r in sorted((r for r in by_id.values() if wanted(r)), key=lambda r: (-gain(r), r["id"])):
-        tier = (0 if r["parent"] in frontier else 2) + (r["id"] in tried)
+        tier = (0 if r["parent"] == head else 2 if r["parent"] in frontier else 4) + (
+            r["id"] in tried
+        )
         queue = queues.setdefault((tier, r["author"]), [])
         if len(queue) < per_author:
             queue.append(r)
@@ -101,7 +105,7 @@ def claims_to_verify(
 
 def ledger_claims_to_verify(
     ledger: Ledger, me: str, profile: str, harness: str, quorum: int | None = None,
-    limit: int = 5, baseline: str | None = None,
+    limit: int = 5, baseline: str | None = None, head: str | None = None,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
     """`claims_to_verify` over the ledger's results and verifications on `profile`, under its
     campaign's rules, skipping the claims of peers that lost standing in this node's eyes
@@ -116,7 +120,7 @@ def ledger_claims_to_verify(
     skip = silenced(ledger_standing(ledger))
     return claims_to_verify(
         results, mine, me, profile, harness, ledger.rules(profile, quorum), limit,
-        baseline or ledger.baseline(), skip=skip, judged=judged,
+        baseline or ledger.baseline(), skip=skip, judged=judged, head=head,
     )  # fmt: skip
 
 
