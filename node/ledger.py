@@ -121,7 +121,10 @@ def _schema_3(db: sqlite_utils.Database) -> None:
 def _schema_4(db: sqlite_utils.Database) -> None:
     """Release 4: looks are cross-checked seed by seed (`evidence.cross_check`); a claim keeps
     the peers whose signed looks the replays contradicted, whose looks then count nowhere."""
-    db["claims"].add_column("contradicted", str)
+    db["claims"].add_column("contradicted", str)  # JSON list; NULL: nobody
+    db.execute(
+        "CREATE INDEX claims_contradicted ON claims (contradicted) WHERE contradicted IS NOT NULL"
+    )
 
 
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
@@ -443,14 +446,15 @@ class Ledger(LedgerQueries):
         """Judge the kept claims `ids` (None: all) again from their looks, under the terms, and
         keep each judgement in `claims`: one claim's looks only, so a look costs its claim alone.
         A peer that a replay of its seed contradicts on any claim is out of every claim
-        (`consensus.contradicted`): the claims it looked at are judged again without it."""
+        (`consensus.contradicted`): when one comes into that set, or leaves it, the claims it
+        looked at are judged again."""
         out = self._contradicted(conn)
         where = "" if ids is None else f" AND id IN ({', '.join('?' * len(ids := list(ids)))})"
         self._judge(conn, f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'{where}",
                     ids or (), out)  # fmt: skip
         now = self._contradicted(conn)
-        if now - out:
-            new = sorted(now - out)
+        if now != out:  # a peer came into the set, or left it: the claims it looked at change
+            new = sorted(now ^ out)
             self._judge(
                 conn,
                 f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep' AND id IN "
@@ -460,7 +464,7 @@ class Ledger(LedgerQueries):
 
     def _contradicted(self, conn: sqlite3.Connection) -> frozenset[str]:
         rows = conn.execute(
-            "SELECT contradicted FROM claims WHERE contradicted IS NOT NULL AND contradicted != '[]'"
+            "SELECT contradicted FROM claims WHERE contradicted IS NOT NULL"
         ).fetchall()
         return frozenset(peer for (text,) in rows for peer in json.loads(text))
 
@@ -478,7 +482,7 @@ class Ledger(LedgerQueries):
                 (claim["id"], claim["profile"], claim["harness"], claim["parent"], claim["child"],
                  claim["author"], j.state, j.gain, j.se, j.seeds, j.sigma, json.dumps(j.peers),
                  json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason,
-                 json.dumps(j.contradicted)),
+                 json.dumps(j.contradicted) if j.contradicted else None),
             )  # fmt: skip
 
     def _organiser(self, conn: sqlite3.Connection) -> str | None:

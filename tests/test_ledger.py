@@ -238,6 +238,34 @@ def test_looks_that_measure_no_gain_revoke_a_claim(book, alice, bob, carol):
     assert book.head("cpu") == BASELINE
 
 
+@pytest.mark.parametrize("replays_first", [False, True])
+def test_a_peer_a_replay_contradicts_counts_on_no_claim_whatever_the_order(
+    book, alice, bob, carol, replays_first
+):
+    """bob signs looks no run stands behind on two claims; carol and dave replay one of his
+    seeds and get other scores. His looks then count on neither claim, in whatever order the
+    facts arrive, and the ledger's kept judgements are the pure rule's."""
+    dave = Identity(bytes(range(3, 35)))
+    r1, r2 = make_result(alice, 1, BASELINE, V1, 1.40), make_result(alice, 2, V1, V2, 1.35)
+    made_up = [make_verification(bob, 1 + k, r, delta=-0.05, seed=10 * n + k)
+               for n, r in ((1, r1), (2, r2)) for k in range(3)]  # fmt: skip
+    replays = [
+        make_verification(who, 1, r1, "refute", delta=0.01, seed=10) for who in (carol, dave)
+    ]
+    facts = [r1, r2, *(replays + made_up if replays_first else made_up + replays)]
+    for f in facts:
+        book.ingest(f.raw)
+    _, kept, _ = book.standings("cpu", every=True)
+    assert kept[r1.id].contradicted == (bob.peer_id,)
+    assert kept[r2.id].state == "open" and kept[r2.id].seeds == 0  # bob's looks: out here too
+    assert book.head("cpu") == BASELINE
+    results, looks = book.claim_rows("cpu")
+    pure = consensus.judge_claims(results, looks, book.rules("cpu"))
+    assert {rid: (j.state, j.seeds) for rid, j in pure.items()} == {
+        rid: (j.state, j.seeds) for rid, j in kept.items()
+    }
+
+
 def test_a_quorum_counts_distinct_peers(book, alice, bob, carol):
     win = make_result(alice, 1, BASELINE, V1, 1.40)
     book.ingest_many([win.raw, *(f.raw for f in confirming_looks(bob, 1, win, looks=4))])
