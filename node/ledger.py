@@ -120,8 +120,12 @@ def _schema_3(db: sqlite_utils.Database) -> None:
 
 def _schema_4(db: sqlite_utils.Database) -> None:
     """Release 4: looks are cross-checked seed by seed (`evidence.cross_check`); a claim keeps
-    the peers whose signed looks the replays contradicted, whose looks then count nowhere."""
+    the peers whose signed looks the replays contradicted, whose looks then count nowhere. A
+    run says whether it was made because the run before it looked like a win."""
     db["claims"].add_column("contradicted", str)  # JSON list; NULL: nobody
+    # A run made only because the run before it looked like a win: its pair's spread is no
+    # measure of the noise (`paired_differences`).
+    db["runs"].add_column("selected", int)
     db.execute(
         "CREATE INDEX claims_contradicted ON claims (contradicted) WHERE contradicted IS NOT NULL"
     )

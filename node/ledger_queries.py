@@ -83,7 +83,9 @@ class LedgerQueries:
     ) -> dict[tuple[str, str], list[float]]:
         """{(parent, child): child minus parent on each seed} over this node's own paired runs
         on `profile` (its experiments, verifications and replays): a child's run and a run of
-        its parent on the same seed, profile and harness (None: its latest run's harness)."""
+        its parent on the same seed, profile and harness (None: its latest run's harness). A
+        pair with a run made only because its first seed looked like a win is left out: the
+        spread of such pairs overstates the noise (the first seed was chosen for its luck)."""
         if harness is None:
             latest = self.rows(
                 "SELECT harness FROM runs WHERE profile = ? AND harness IS NOT NULL "
@@ -98,7 +100,9 @@ class LedgerQueries:
             "FROM runs c JOIN runs p ON p.child = c.parent AND p.parent = p.child "
             "AND p.seed = c.seed AND p.profile = c.profile AND p.harness = c.harness "
             "AND p.val_bpb IS NOT NULL WHERE c.parent != c.child AND c.profile = ? "
-            "AND c.harness = ? AND c.val_bpb IS NOT NULL GROUP BY c.parent, c.child, c.seed",
+            "AND c.harness = ? AND c.val_bpb IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs s "
+            "WHERE s.parent = c.parent AND s.child = c.child AND s.selected = 1) "
+            "GROUP BY c.parent, c.child, c.seed",
             (profile, harness),
         )
         pairs: dict[tuple[str, str], list[float]] = {}

@@ -228,6 +228,33 @@ def test_every_comparison_is_paired_and_a_second_seed_runs_only_where_it_tells(
     assert book.paired_differences("test", "ab" * 32) == {}  # the head's own runs are the caller's
 
 
+def test_a_pair_whose_second_seed_ran_for_its_first_ones_luck_never_measures_the_noise(
+    book, alice, tmp_path
+):
+    """After calibration a second seed runs only when the first looked like a win: the two
+    differences of such a pair spread more than the noise (the first was chosen for its luck),
+    so the node's noise estimate leaves the pair out; a calibration pair counts."""
+    head = hashlib.sha256(BASELINE.encode()).hexdigest()
+    for seed in (1, 2):  # the head's own runs, as the node records them
+        book.record_run(started=0, finished=0, profile="test", parent=head, child=head,
+                        outcome="ok", val_bpb=3.00, description="score", seed=seed,
+                        harness="ab" * 32)  # fmt: skip
+    scores = {1: 3.00, 2: 3.00}
+    lucky = Proposal("lucky", BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 "))
+    research_step(
+        book, alice, Scripted(lucky), Head(BASELINE, 3.0), SIGMA, FAST, None, tmp_path,
+        parent_score=scores.get, run=fixed_run({1: 2.97, 2: 3.02}.get),
+    )  # fmt: skip
+    assert book.paired_differences("test", "ab" * 32) == {}
+    calibration = Proposal("wider", BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 5 "))
+    research_step(
+        book, alice, Scripted(calibration), Head(BASELINE, 3.0), SIGMA, FAST, None, tmp_path,
+        parent_score=scores.get, run=fixed_run({1: 3.01, 2: 2.99}.get), calibrating=True,
+    )  # fmt: skip
+    (diffs,) = book.paired_differences("test", "ab" * 32).values()
+    assert diffs == pytest.approx([0.01, -0.01])
+
+
 def test_a_win_on_one_seed_that_the_second_does_not_repeat_is_discarded(book, alice, tmp_path):
     heads = {1: 3.00, 2: 3.00}
     lucky = {1: 2.97, 2: 3.02}  # 0.03 better on seed 1 (a margin of 0.02), 0.02 worse on seed 2

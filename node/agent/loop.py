@@ -70,9 +70,11 @@ class Step:
 def record_run(
     ledger: Ledger, result: RunResult, *, parent: str, child: str, outcome: str,
     description: str, started: int, fact_id: str | None = None, finished: int | None = None,
+    selected: bool = False,
 ) -> None:  # fmt: skip
     """One of this node's runs in its ledger, with what pairing and its speed read of it;
-    `finished` (ms) defaults to now."""
+    `finished` (ms) defaults to now; `selected`: it ran only because the run before it looked
+    like a win."""
     ledger.record_run(
         started=started, finished=int(time.time() * 1000) if finished is None else finished,
         profile=result.profile,
@@ -80,6 +82,7 @@ def record_run(
         val_bpb=result.val_bpb if result.outcome == "ok" else None, description=description,
         log_path=str(Path(result.run_dir) / "log.txt"), fact_id=fact_id, seed=result.seed,
         harness=result.harness_sha256, speed=result.speed, device=result.device_name,
+        selected=int(selected),
     )  # fmt: skip
 
 
@@ -163,11 +166,11 @@ def research_step(
             description=proposal.description, keep=outcome == "keep", pairs=pairs,
         )  # fmt: skip
         fact = ledger.publish(me, "result", body)
-        for result, started, finished in runs:
+        for k, (result, started, finished) in enumerate(runs):
             record_run(
                 ledger, result, parent=head.sha256, child=child, outcome=outcome,
                 description=proposal.description, started=started, finished=finished,
-                fact_id=fact.id,
+                fact_id=fact.id, selected=k > 0 and not calibrating,
             )  # fmt: skip
     finally:
         if crew is not None:
