@@ -29,6 +29,11 @@ MAX_ANY_SIZE = max(MAX_SIZE.values())
 MAX_CLOCK_SKEW_MS = 5 * 60 * 1000  # a fact may be stamped this far ahead of our clock
 MAX_DIFF_SIZE = 1 << 20  # a unified diff of train.py; larger changes are not one experiment
 MAX_HEAD_AUTHORS = 4096
+# A head's digest of what it holds, per author: the authors in HEAD_BINS bins by the first byte
+# of their key, BIN_BYTES of sha256 each (2 KB however many authors). Sync sends the bins first
+# and the per-author entries of the bins that differ only (`head_bins`).
+HEAD_BINS = 256
+BIN_BYTES = 8
 ENVELOPE_FIELDS = ("author", "body", "campaign", "kind", "seq", "sig", "time", "v")
 # void: the harness refused to score the run (it looked ahead, trained past its budget, or its
 # metrics were inconsistent); for a verdict, the verifier's re-run of the child was voided.
@@ -196,6 +201,12 @@ def _key32(value: Any, where: str) -> Problem | None:
     return _bad(where, "expected a 32-byte Ed25519 public key")
 
 
+def _bins(value: Any, where: str) -> Problem | None:
+    if isinstance(value, bytes) and len(value) == HEAD_BINS * BIN_BYTES:
+        return None
+    return _bad(where, f"expected {HEAD_BINS * BIN_BYTES} bytes of bin digests")
+
+
 def _list_of(item: Check, low: int, high: int) -> Check:
     def check(value: Any, where: str) -> Problem | None:
         if not isinstance(value, list) or not low <= len(value) <= high:
@@ -309,7 +320,7 @@ BODIES: dict[str, Check] = {
         {
             "count": _uint(),  # facts held in this campaign
             "digest": _hex64,  # sha256 of the sorted ids of those facts
-            "authors": _map_of(_key32, _uint(), MAX_HEAD_AUTHORS),  # highest seq held per author
+            "bins": _bins,  # per bin of authors, a digest of the seq up to which each is held
             "best": _map_of(_profile, _hex64, 16),  # best verified train.py per profile
         }
     ),
@@ -527,6 +538,8 @@ def verification_body(
     on the verifier's own seed; `replay_val_bpb` the child's score on the author's first seed."""
     child, parent = _float(child_val_bpb), _float(parent_val_bpb)
     delta = None if child is None or parent is None else child - parent
+    if delta is not None and not math.isfinite(delta):  # two huge scores: no difference to sign
+        delta = None
     return {
         "result": result, "child_val_bpb": child, "parent_val_bpb": parent, "delta": delta,
         "seed": int(seed), "profile": profile, "harness": harness, "verdict": verdict,
@@ -551,7 +564,45 @@ def campaign_body(
     return body
 
 
-def head_body(fact_ids: list[str], authors: Mapping[bytes, int], best: Mapping[str, str]) -> dict:
-    """The body of a `head`: a node's summary of the facts it holds."""
+def head_body(
+    fact_ids: list[str], authors: Mapping[bytes, int | tuple[int, ...]], best: Mapping[str, str]
+) -> dict:
+    """The body of a `head`: a node's summary of the facts it holds, its `authors` (the seq up
+    to which it holds each one's facts, and the highest it holds) as bin digests (`head_bins`)."""
     digest = hashlib.sha256("".join(sorted(fact_ids)).encode()).hexdigest()
-    return {"count": len(fact_ids), "digest": digest, "authors": dict(authors), "best": dict(best)}
+    return {
+        "count": len(fact_ids),
+        "digest": digest,
+        "bins": head_bins(authors),
+        "best": dict(best),
+    }
+
+
+def bin_of(key: bytes) -> int:
+    """The head bin of an author's public key."""
+    return key[0] % HEAD_BINS
+
+
+def head_bins(authors: Mapping[bytes, int | tuple[int, ...]]) -> bytes:
+    """HEAD_BINS digests of `authors` ({public key: the seq up to which its facts are held, or
+    that and the highest seq held}), one per bin of keys (`bin_of`): BIN_BYTES of the sha256 of
+    the bin's entries, sorted; zeros for an empty bin. Two nodes whose digests of a bin agree
+    hold the same facts of its authors."""
+    bins: list[list[bytes]] = [[] for _ in range(HEAD_BINS)]
+    for key, held in authors.items():
+        seqs = held if isinstance(held, tuple) else (held,)
+        bins[bin_of(key)].append(key + b"".join(int(n).to_bytes(8, "big") for n in seqs))
+    return b"".join(
+        hashlib.sha256(b"".join(sorted(entries))).digest()[:BIN_BYTES]
+        if entries
+        else bytes(BIN_BYTES)
+        for entries in bins
+    )
+
+
+def differing_bins(mine: bytes, theirs: bytes) -> list[int]:
+    """The bins whose digests differ between two `head_bins`."""
+    return [
+        i for i in range(HEAD_BINS)
+        if mine[i * BIN_BYTES : (i + 1) * BIN_BYTES] != theirs[i * BIN_BYTES : (i + 1) * BIN_BYTES]
+    ]  # fmt: skip

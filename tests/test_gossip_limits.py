@@ -67,10 +67,8 @@ def test_one_authors_many_facts_cannot_crowd_others_out_of_a_sync_answer(tmp_pat
         )
         honest = [make_result(bob, seq, BASELINE, "22" * 32, 1.0).raw for seq in (1, 2, 3)]
         book.ingest_many(honest)
-        answer = list(book.facts_missing_from({"authors": {}}, per_author=10))
+        answer = list(book.facts_missing_from({}, per_author=10))
         assert len(answer) == 13 and set(honest) <= set(answer)
         # The peer asks again from where it holds everything: the flood continues, 10 at a time.
-        again = list(
-            book.facts_missing_from({"authors": {alice.public_key: 10, bob.public_key: 3}}, 10)
-        )
+        again = list(book.facts_missing_from({alice.public_key: 10, bob.public_key: 3}, 10))
         assert len(again) == 10 and not set(again) & set(answer)

@@ -374,7 +374,8 @@ def test_the_head_summarises_what_the_ledger_holds(book, alice, bob):
     book.ingest_many([win.raw, *(f.raw for f in confirming_looks(bob, 1, win))])
     head = book.head_body()
     assert head["count"] == 4
-    assert head["authors"] == {alice.public_key: 1, bob.public_key: 3}
+    assert book.head_authors() == {alice.public_key: 1, bob.public_key: 3}
+    assert head["bins"] == wire.head_bins({alice.public_key: (1, 1), bob.public_key: (3, 3)})
     assert head["best"] == {"cpu": V1}
     signed = wire.sign(alice, "head", CAMPAIGN, T0, head, T0)  # a head counts by the clock
     assert book.ingest(signed.raw, now_ms=T0) == signed
@@ -396,13 +397,23 @@ def test_two_ledgers_converge_by_exchanging_heads_even_with_gaps(tmp_path, alice
         b.ingest_many(
             [chain[i].raw for i in (0, 1, 3, 5)] + [make_verification(bob, 1, chain[0]).raw]
         )
-        assert b.head_body()["authors"][alice.public_key] == 2  # holds 1, 2, 4, 6: complete to 2
+        assert b.head_authors()[alice.public_key] == 2  # holds 1, 2, 4, 6: complete to 2
         for sender, receiver in ((a, b), (b, a)):
-            missing = list(sender.facts_missing_from(receiver.head_body()))
+            # as sync does it: the bins whose digests differ, then the entries of those bins
+            bins = wire.differing_bins(wire.head_bins(sender.holdings()),
+                                       receiver.head_body()["bins"])  # fmt: skip
+            assert bins and set(bins) <= {
+                wire.bin_of(alice.public_key),
+                wire.bin_of(bob.public_key),
+            }
+            entries = {k: n for k, n in receiver.head_authors().items() if wire.bin_of(k) in bins}
+            missing = list(sender.facts_missing_from(entries, bins=bins))
             assert all(isinstance(o, wire.Fact) for o in receiver.ingest_many(missing))
         assert a.head_body() == b.head_body()
-        assert a.head_body()["count"] == 5 + 1 and a.head_body()["authors"][alice.public_key] == 4
-        assert list(a.facts_missing_from(b.head_body())) == [chain[5].raw]  # above the gap at 5
+        assert a.head_body()["count"] == 5 + 1 and a.head_authors()[alice.public_key] == 4
+        assert list(a.facts_missing_from(b.head_authors())) == [chain[5].raw]  # above the gap at 5
+        assert wire.differing_bins(a.head_body()["bins"], b.head_body()["bins"]) == []
+        assert list(a.facts_missing_from({}, bins=[])) == []  # no bin differs: nothing to send
 
 
 # ---------------------------------------------------------------- kill -9

@@ -125,6 +125,20 @@ def test_a_head_with_binary_keys_round_trips_canonically(seed, ids, authors, bes
     assert wire.decode(fact.raw, CAMPAIGN, now_ms=T0) == fact
     reordered = dict(reversed(list(authors.items())))
     assert wire.canonical(wire.head_body(ids[::-1], reordered, best)) == wire.canonical(body)
+    assert len(body["bins"]) == wire.HEAD_BINS * wire.BIN_BYTES  # however many authors
+    if authors:  # one author more changes its own bin's digest and no other
+        key = next(iter(authors))
+        more = {**authors, key: authors[key] + 1}
+        assert wire.differing_bins(wire.head_bins(more), body["bins"]) == [wire.bin_of(key)]
+
+
+def test_a_head_is_the_same_small_size_however_many_authors_it_holds(alice):
+    sizes = []
+    for n in (1, 16, 1000, wire.MAX_HEAD_AUTHORS):
+        authors = {i.to_bytes(32, "big"): (10_000 + i, 10_000 + i) for i in range(n)}
+        body = wire.head_body(["ab" * 32] * 3, authors, {"gpu": "cd" * 32})
+        sizes.append(len(wire.sign(alice, "head", CAMPAIGN, T0, body, T0).raw))
+    assert len(set(sizes)) == 1 and sizes[0] < 2500  # was 37 KB at 1,000 authors, by name
 
 
 def test_a_trainer_run_becomes_a_result_body(alice):

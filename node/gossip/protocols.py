@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swarm.gossip")
 
-SYNC = TProtocol("/research-swarm/sync/1")
+SYNC = TProtocol("/research-swarm/sync/2")
 PEERS = TProtocol("/research-swarm/peers/1")
 FETCH = TProtocol("/research-swarm/fetch/1")
 CHUNK = 1 << 20  # bytes per fetch response
@@ -86,13 +86,33 @@ def _valid_authors(value: Any) -> dict[bytes, int]:
     return value
 
 
+def _valid_bins(value: Any) -> bytes:
+    if not (isinstance(value, bytes) and len(value) == wire.HEAD_BINS * wire.BIN_BYTES):
+        raise FrameError(f"sync request: bins must be {wire.HEAD_BINS * wire.BIN_BYTES} bytes")
+    return value
+
+
+def _valid_want(value: Any) -> list[int]:
+    if not (isinstance(value, list) and len(value) <= wire.HEAD_BINS
+            and all(type(i) is int and 0 <= i < wire.HEAD_BINS for i in value)):  # fmt: skip
+        raise FrameError("sync answer: want must list bin numbers")
+    return value
+
+
 async def sync_with(node: GossipNode, peer: str) -> int:
-    """Send our head to `peer`, store the facts it says we lack; returns how many were new."""
+    """Ask `peer` for the facts we lack; returns how many were new. Our head goes in two
+    rounds: its bin digests (`wire.head_bins`, 2 KB), then the per-author entries of the bins
+    whose digests differ from the peer's, which it answers with the facts we lack there."""
     new = 0
     try:
         stream = await _open(node, peer, SYNC)
-        authors = node.ledger.head_authors()
-        await write_frame(stream, {"authors": authors, "campaign": node.config.campaign})
+        holdings = node.ledger.holdings()
+        bins = wire.head_bins(holdings)
+        await write_frame(stream, {"bins": bins, "campaign": node.config.campaign})
+        answer = await read_frame(stream, timeout=node.limits.sync_seconds)
+        want = set(_valid_want(answer.get("want") if isinstance(answer, dict) else None))
+        authors = {k: n for k, (n, _) in holdings.items() if wire.bin_of(k) in want}
+        await write_frame(stream, {"authors": authors})
         received = 0
         with trio.move_on_after(node.limits.sync_seconds):
             while received < node.limits.max_sync_facts:
@@ -125,17 +145,22 @@ def _campaign_of(raw: bytes) -> str | None:
 
 
 async def _serve_sync(node: GossipNode, stream: Any, peer: str) -> None:
-    request = await read_frame(stream, limit=wire.MAX_ANY_SIZE + 4096)
+    request = await read_frame(stream, limit=16 << 10)
     if not isinstance(request, dict):
         raise FrameError("sync request: expected a map")
-    authors = _valid_authors(request.get("authors"))
-    if not node.book.sync_due(peer):  # too soon after the last one: nothing this time
-        await write_frame(stream, [])
-        return
+    theirs = _valid_bins(request.get("bins"))
+    want = []  # too soon after the last one: nothing this time
+    if node.book.sync_due(peer):
+        want = wire.differing_bins(wire.head_bins(node.ledger.holdings()), theirs)
+    await write_frame(stream, {"want": want})
+    entries = await read_frame(stream, limit=wire.MAX_ANY_SIZE + 4096)
+    if not isinstance(entries, dict):
+        raise FrameError("sync request: expected a map")
+    authors = _valid_authors(entries.get("authors"))
     # Collect first (bounded), then send: no cursor stays open while we wait on the peer.
     campaign = request.get("campaign")
     share = node.limits.max_sync_per_author  # one author's flood cannot fill the answer
-    wanted = (raw for raw in node.ledger.facts_missing_from({"authors": authors}, share)
+    wanted = (raw for raw in node.ledger.facts_missing_from(authors, share, want)
               if campaign is None or _campaign_of(raw) == campaign)  # fmt: skip
     missing = list(itertools.islice(wanted, node.limits.max_sync_facts))
     sent = 0

@@ -121,7 +121,8 @@ class Transport:
 
 
 def head_size(authors: int) -> int:
-    """Bytes of a real signed `head` fact naming `authors` authors (what one sync sends)."""
+    """Bytes of a real signed `head` fact of `authors` authors (the bins sync sends first: the
+    same size however many)."""
     from node.identity import Identity
 
     me = Identity(bytes(32))

@@ -28,6 +28,7 @@ from node.simulation.nodes import CAMPAIGN, HARNESS, SimNode
 
 EPOCH_MS = 1_800_000_000_000  # virtual second 0, as a fact's time in ms (fixed: determinism)
 SYNC_FRAME = 256  # facts per sync frame (docs/gossip.md)
+ENTRY_BYTES = 39  # one author's entry in a sync request: a 32-byte key and a seq, in msgpack
 IDLE_SECONDS = 30.0  # a step that ran nothing (nothing to propose): the agent's turn
 STUCK_HOURS = 24.0  # research ends after this long without a new fact: nobody has an idea left
 RULES = ("swarm", "trusting", "keep-if-lower")
@@ -114,6 +115,9 @@ class Simulation:
         # version -> the kept result that made it: the first honest one, else the first
         self.made_by: dict[str, dict] = {}
         self.head_bytes = head_size(s.nodes)
+        self.authors_per_bin = [0] * wire.HEAD_BINS
+        for n in self.nodes:
+            self.authors_per_bin[wire.bin_of(n.me.public_key)] += 1
         self.runs = 0
         self.runs_by_purpose = {"research": 0, "verify": 0, "adopt": 0, "audit": 0}
         self.research_runs_fast = 0
@@ -242,13 +246,18 @@ class Simulation:
             return
         self._pull(i)
         self._pull(j)
-        for a, b in ((i, j), (j, i)):
-            missing = self.store.missing(b, a, self.now)
+        lacks = {a: self.store.missing(b, a, self.now) for a, b in ((i, j), (j, i))}
+        # The bins whose digests differ hold the authors of what either side lacks; the
+        # requester sends its entries of every author in those bins.
+        bins = {wire.bin_of(self.store.facts[k].author) for m in lacks.values() for k in m}
+        entries = sum(self.authors_per_bin[x] for x in bins)
+        for a, missing in lacks.items():
             frames = math.ceil(len(missing) / SYNC_FRAME) + 1
-            size = self.head_bytes + sum(self.store.sizes[k] for k in missing)
-            self.net.received[a] += 1 + frames
+            size = (self.head_bytes + 3 * len(bins) + ENTRY_BYTES * entries
+                    + sum(self.store.sizes[k] for k in missing))  # fmt: skip
+            self.net.received[a] += 3 + frames  # bins, want, entries, the frames and their end
             self.net.received_bytes[a] += size
-            self.sync_messages += 1 + frames
+            self.sync_messages += 3 + frames
             self.sync_bytes += size
             if missing:
                 self._deliver(a, missing)
