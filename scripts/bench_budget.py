@@ -1,11 +1,12 @@
 """What a compute budget measures: speed, replays of one seed, seed noise unpaired and paired.
 
 Runs the baseline on each seed (and again on the first seeds, to replay them), and a child of
-it (MATRIX_LR 0.02 -> 0.03 by default) on the same seeds, then prints per profile the training
-time, tokens per second and experiments an hour, the replay spread (the same seed twice), the
-spread of the baseline over seeds (unpaired noise) and of child minus baseline on each seed
-(paired noise), with their ratio. `--load N` keeps N busy processes running meanwhile (on a CPU
-the scores must not move); `--deterministic` trains with torch's deterministic algorithms (GPU).
+it (MATRIX_LR x1.5 by default: 0.02 -> 0.03 on the CPU profiles, 0.04 -> 0.06 on the gpu
+profile) on the same seeds, then prints per profile the training time, tokens per second and
+experiments an hour, the replay spread (the same seed twice), the spread of the baseline over
+seeds (unpaired noise) and of child minus baseline on each seed (paired noise), with their
+ratio. `--load N` keeps N busy processes running meanwhile (on a CPU the scores must not move);
+`--deterministic` trains with torch's deterministic algorithms (GPU).
 
     python scripts/bench_budget.py --profile test --seeds 1 2 3 4 --replays 2
     python scripts/bench_budget.py --profile cpu --seeds 1 2 --replays 1 --load 1
@@ -28,7 +29,7 @@ from pathlib import Path
 from node.trainer import BASELINE_TRAIN_PY, TokenData, get_profile, prepare_data, run_experiment
 from node.trainer.compile_cache import CompileCache
 
-CHILD = ("MATRIX_LR = 0.02 ", "MATRIX_LR = 0.03 ")
+CHILD = ("MATRIX_LR = 0.04 if GPU else 0.02 ", "MATRIX_LR = 0.06 if GPU else 0.03 ")
 SPIN = "while True:\n    pass\n"
 
 

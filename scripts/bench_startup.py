@@ -31,7 +31,7 @@ from node.trainer.sandbox import sandbox_available, sandbox_uid
 
 def variants(source: str, profile: str) -> dict[str, str]:
     """The versions the bench runs: the baseline, a learning rate changed, one head fewer."""
-    lr = source.replace("EMBED_LR = 0.3 ", "EMBED_LR = 0.6 ")
+    lr = source.replace("EMBED_LR = 0.6 if GPU else 0.3 ", "EMBED_LR = 1.2 if GPU else 0.6 ")
     row = re.search(rf'"{profile}": \((\d+), (\d+), (\d+),', source)
     if row is None or lr == source:
         raise SystemExit(f"the baseline has no {profile} row or no EMBED_LR: update the bench")

@@ -37,9 +37,10 @@ DATASHEET_FLOPS = 989e12  # dense bf16 of an H100/H200 SXM, the rate MFU is usua
 # Each variant is a list of (old, new) replacements applied to the baseline train.py.
 VARIANTS = {
     "baseline": [],
-    "wide": [('"gpu": (8, 512, 128, 128, 2)', '"gpu": (8, 768, 128, 128, 2)')],
-    "batch1": [('"gpu": (8, 512, 128, 128, 2)', '"gpu": (8, 512, 128, 256, 1)')],
-    "lr10x": [("MATRIX_LR = 0.02 ", "MATRIX_LR = 0.2 ")],  # a deliberately bad change
+    "wide": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 768, 128, 128, 1)')],
+    "b17": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 512, 128, 64, 1)')],  # 2^17 tokens a step
+    "b19": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 512, 128, 256, 1)')],  # 2^19 tokens a step
+    "lr10x": [("MATRIX_LR = 0.04 if GPU else 0.02 ", "MATRIX_LR = 0.4 if GPU else 0.2 ")],  # a deliberately bad change
     "cpu-b32": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (4, 128, 64, 32, 1)')],
     "cpu-d3": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (3, 128, 64, 16, 1)')],
     "cpu-w192": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (4, 192, 64, 16, 1)')],

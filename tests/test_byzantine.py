@@ -54,8 +54,8 @@ FAST = dataclasses.replace(get_profile("test"), budget_tokens=3 * 2**14, startup
 BASELINE = BASELINE_TRAIN_PY.read_text()
 # The campaign's baseline: learning rates a hundred times too small, so that restoring them is a
 # large, reliable win on two loaded cores (gains of real proposals are as small as the noise).
-WEAK = (BASELINE.replace("MATRIX_LR = 0.02 ", "MATRIX_LR = 0.0002 ")
-        .replace("EMBED_LR = 0.3 ", "EMBED_LR = 0.003 ").replace("HEAD_LR = 0.004 ", "HEAD_LR = 0.00004 "))  # fmt: skip
+WEAK = (BASELINE.replace("else 0.02  # Muon", "else 0.0002  # Muon")
+        .replace("else 0.3  # AdamW", "else 0.003  # AdamW").replace("HEAD_LR = 0.004 ", "HEAD_LR = 0.00004 "))  # fmt: skip
 LOOP = "for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):"
 FAKES = {  # a large claimed gain for each; what the version really does
     "worse": WEAK.replace(LOOP, LOOP + "\n    continue"),  # never trains
@@ -63,8 +63,8 @@ FAKES = {  # a large claimed gain for each; what the version really does
     "policy": WEAK.replace(
         "S = session()\n", "S = session()\nSECRET = open('/etc/hostname').read()\n"
     ),
-    "worse again": WEAK.replace("MATRIX_LR = 0.0002 ", "MATRIX_LR = 0.0 "),
-    "worse still": WEAK.replace("EMBED_LR = 0.003 ", "EMBED_LR = 0.0 "),
+    "worse again": WEAK.replace("else 0.0002  # Muon", "else 0.0  # Muon"),
+    "worse still": WEAK.replace("else 0.003  # AdamW", "else 0.0  # AdamW"),
 }
 
 
@@ -159,15 +159,21 @@ class Verifier:
     def has(self, version: str) -> bool:
         return bool(rows(self.node.home, "SELECT 1 FROM versions WHERE sha256 = ?", (version,)))
 
+    def seed(self, claim: dict) -> int:
+        """The seed of this verifier's latest look at `claim`: its own, as a node's seeds are
+        (two verifiers on one seed would be one look, replayed)."""
+        digest = hashlib.sha256(f"{self.me.peer_id} {claim['parent']} {self.looks[claim['id']]}".encode())
+        return int.from_bytes(digest.digest()[:4]) >> 1
+
     def start(self, pool: ProcessPoolExecutor, claim: dict, data) -> Future:
-        self.looks[claim["id"]] = look = self.looks.get(claim["id"], 0) + 1
+        self.looks[claim["id"]] = self.looks.get(claim["id"], 0) + 1
         known = self.parent_scores.setdefault(claim["parent"], {})
-        return pool.submit(verify_in, self.node.home, claim, data, dict(known), 2 + look)
+        return pool.submit(verify_in, self.node.home, claim, data, dict(known), self.seed(claim))
 
     def done(self, claim: dict, future: Future) -> str:
         fact_id, parent_val_bpb = future.result()
         if parent_val_bpb is not None:
-            self.parent_scores[claim["parent"]][2 + self.looks[claim["id"]]] = parent_val_bpb
+            self.parent_scores[claim["parent"]][self.seed(claim)] = parent_val_bpb
         return fact_id
 
 

@@ -178,8 +178,8 @@ def test_a_model_beyond_the_envelope_is_void(tmp_path, small_data):
 
 def test_a_run_that_leaves_its_loop_early_reports_what_it_did(tmp_path, small_data):
     source = BASELINE.replace(
-        "    step = (micro + 1) // GRAD_ACCUM\n",
-        "    step = (micro + 1) // GRAD_ACCUM\n    if step == 20:\n        break\n",
+        "    step += 1\n",
+        "    step += 1\n    if step == 20:\n        break\n",
     )
     result = run(tmp_path, small_data, source)
     assert result.outcome == "ok", result.error

@@ -24,6 +24,7 @@ BASELINE = BASELINE_TRAIN_PY.read_text()
 NARROW = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
 FOUR_STEPS = BASELINE.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
 BOTH = NARROW.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
+NARROW_HUNK = make_diff(BASELINE, NARROW).splitlines()[2]  # "@@ -L,7 +L,7 @@", L where MLP_RATIO is
 
 
 def test_a_diff_turns_the_parent_into_the_child():
@@ -46,7 +47,7 @@ def test_a_diff_that_does_not_match_the_parent_is_refused_and_names_the_line():
 
 
 def test_a_hunk_with_wrong_line_numbers_still_applies_where_its_lines_match():
-    diff = make_diff(BASELINE, NARROW).replace("@@ -24,7 +24,7 @@", "@@ -40,6 +40,6 @@")
+    diff = make_diff(BASELINE, NARROW).replace(NARROW_HUNK, "@@ -80,6 +80,6 @@")
     assert apply_diff(BASELINE, diff) == NARROW
 
 
@@ -93,7 +94,7 @@ def test_the_same_change_hashes_the_same_whatever_the_headers_and_trailing_space
             "--- train.py\t2026-11-30 06:00:00.000000000 +0000\n"
             "+++ train.py\t2026-11-30 06:01:00.000000000 +0000\n",
         )
-        .replace("@@ -24,7 +24,7 @@", "@@ -24,7 +24,7 @@ DEPTH, MODEL_DIM")
+        .replace(NARROW_HUNK, NARROW_HUNK + " DEPTH, MODEL_DIM")
         .replace("\n", "  \n")
     )
     assert diff_hash(other_tool) == diff_hash(diff) == change_hash(BASELINE, NARROW)

@@ -92,10 +92,10 @@ def test_offline_proposer_steps_the_model_size_of_its_own_profile_only():
 
 
 def test_offline_proposer_steps_capital_constants_of_an_edited_parent():
-    parent = BASELINE.replace("MATRIX_LR = 0.02 ", "MATRIX_LR = 0.03 ")
+    parent = BASELINE.replace("HEAD_LR = 0.004 ", "HEAD_LR = 0.006 ")
     children = [child for _, child in OfflineProposer(0).candidates(parent)]
-    assert any("MATRIX_LR = 0.06 " in c for c in children)  # x2 of the parent's value
-    assert all("MATRIX_LR = 0.04 " not in c for c in children)  # not of the baseline's
+    assert any("HEAD_LR = 0.012 " in c for c in children)  # x2 of the parent's value
+    assert all("HEAD_LR = 0.008 " not in c for c in children)  # not of the baseline's
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,13 @@ harness (`session()`): it trains on `S.batches(...)` until they stop, then hands
 `S.finish(model)`, which computes val_bpb. It never reads data files or reports its own score.
 Its schedule follows `S.progress()`, the share of the budget's tokens served, so a run of one
 seed gives the same model on any machine of the profile's device class, however busy.
+
+The `gpu` profile trains a richer recipe than the `cpu` and `test` profiles: a batch of 2^18
+tokens a step, value embeddings, a skip from the embedding into every block, NorMuon with
+cautious weight decay and Polar Express coefficients, a momentum warm-up, higher learning rates,
+no updates from the harness's warm-up batches (docs/trainer.md: what was measured, and what was
+not). `GPU` switches each of those; on the CPU profiles the file trains exactly as the simpler
+recipe did. Under autocast (training on a GPU) the residual stream is kept in bf16.
 """
 
 import math
@@ -20,21 +27,39 @@ S = session()
 # ---------------------------------------------------------------------------------------------
 # Hyperparameters
 
+GPU = S.profile_name == "gpu"  # the gpu recipe; the cpu and test profiles keep the simpler one
 # Model size and batch per profile: (depth, width, head dim, sequences per micro-batch, micro-batches per step)
 DEPTH, MODEL_DIM, HEAD_DIM, DEVICE_BATCH, GRAD_ACCUM = {
-    "gpu": (8, 512, 128, 128, 2),
+    "gpu": (8, 512, 128, 128, 1),
     "cpu": (4, 128, 64, 16, 1),
     "test": (2, 64, 32, 16, 1),
 }[S.profile_name]
 MLP_RATIO = 4  # hidden width of the MLP over the model width
 ROPE_BASE = 10000.0  # rotary embedding base frequency
 LOGIT_SOFTCAP = 15.0  # tanh cap on the output logits, for stability
-MATRIX_LR = 0.02  # Muon learning rate for the transformer's weight matrices
-EMBED_LR = 0.3  # AdamW learning rate for the token embedding
+VALUE_EMBEDS = GPU  # every other block (the last among them) adds a token embedding of its own to its values
+VE_GATE_CHANNELS = 32  # input channels the value embedding's per-head gate reads
+X0_SKIP = GPU  # each block's input mixes the residual stream with the embedding, by two learned gains
+MATRIX_LR = 0.04 if GPU else 0.02  # Muon learning rate for the transformer's weight matrices
+EMBED_LR = 0.6 if GPU else 0.3  # AdamW learning rate for the token (and value) embeddings
 HEAD_LR = 0.004  # AdamW learning rate for the output head
+GAIN_LR = 0.5  # AdamW learning rate for the x0 gains (the residual gains take a hundredth of it)
 ADAM_BETAS = (0.8, 0.95)  # AdamW betas
-MUON_MOMENTUM = 0.95  # Muon momentum (Nesterov)
-WARMDOWN = 0.4  # share of the budget (in tokens) at the end over which the learning rate falls to zero
+MUON_MOMENTUM = 0.95  # Muon momentum (Nesterov) ...
+MUON_MOMENTUM_START = 0.85 if GPU else 0.95  # ... reached from this over the first MOMENTUM_WARMUP steps
+MOMENTUM_WARMUP = 300  # optimizer steps
+NORMUON_BETA2 = 0.95 if GPU else None  # NorMuon: per-neuron second-moment normalisation of Muon's update
+WEIGHT_DECAY = 0.2 if GPU else 0.0  # cautious weight decay on the matrices, falling linearly to zero
+NS_COEFFS = [  # Newton-Schulz (a, b, c) per iteration: Polar Express's (Amsel et al., 2025) ...
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+] if GPU else [(3.4445, -4.7750, 2.0315)] * 5  # ... or five times the quintic of Muon's first version
+NS_MARGIN = 1.02 if GPU else 1.0  # the input is divided by this times its norm, to stay inside the unit ball
+WARMDOWN = 0.5 if GPU else 0.4  # share of the budget (in tokens) at the end over which the learning rate falls to zero
+SKIP_WARMUP_STEPS = GPU  # no optimizer step on the harness's warm-up batches (random tokens): they only compile
 COMPILE = S.device.type == "cuda"  # torch.compile the blocks and the head (pays off on a GPU)
 LOG_EVERY = 50  # steps between train-loss lines in the log
 
@@ -58,17 +83,22 @@ def apply_rotary(x, cos, sin):
 
 
 class Attention(nn.Module):
-    def __init__(self):
+    def __init__(self, value_embed):
         super().__init__()
         self.heads = MODEL_DIM // HEAD_DIM
         self.q = nn.Linear(MODEL_DIM, MODEL_DIM, bias=False)
         self.k = nn.Linear(MODEL_DIM, MODEL_DIM, bias=False)
         self.v = nn.Linear(MODEL_DIM, MODEL_DIM, bias=False)
         self.out = nn.Linear(MODEL_DIM, MODEL_DIM, bias=False)
+        # how much of the value embedding each head adds to its values: 2 sigmoid(gate), 1 at init
+        self.ve_gate = nn.Linear(VE_GATE_CHANNELS, self.heads, bias=False) if value_embed else None
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, ve=None):
         B, T, C = x.shape
         q, k, v = (proj(x).view(B, T, self.heads, HEAD_DIM) for proj in (self.q, self.k, self.v))
+        if ve is not None:
+            gate = 2 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS]))
+            v = v + gate.unsqueeze(-1) * ve.view(B, T, self.heads, HEAD_DIM).type_as(v)
         q, k = apply_rotary(rms_norm(q), cos, sin), apply_rotary(rms_norm(k), cos, sin)  # QK-norm, then RoPE
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
@@ -85,13 +115,18 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, value_embed=False):
         super().__init__()
-        self.attn = Attention()
+        self.attn = Attention(value_embed)
         self.mlp = MLP()
+        if X0_SKIP:  # x <- resid_gain * x + x0_gain * x0, in the block so that it compiles with it
+            self.resid_gain = nn.Parameter(torch.ones(()))
+            self.x0_gain = nn.Parameter(torch.zeros(()))
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(rms_norm(x), cos, sin)
+    def forward(self, x, cos, sin, x0=None, ve=None):
+        if x0 is not None:
+            x = self.resid_gain * x + self.x0_gain * x0
+        x = x + self.attn(rms_norm(x), cos, sin, ve)
         return x + self.mlp(rms_norm(x))
 
 
@@ -110,11 +145,16 @@ class LMHead(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def has_value_embed(layer):
+    return VALUE_EMBEDS and layer % 2 == (DEPTH - 1) % 2
+
+
 class GPT(nn.Module):
     def __init__(self, vocab_size, seq_len):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, MODEL_DIM)
-        self.blocks = nn.ModuleList(Block() for _ in range(DEPTH))
+        self.blocks = nn.ModuleList(Block(has_value_embed(i)) for i in range(DEPTH))
+        self.value_embeds = nn.ModuleList(nn.Embedding(vocab_size, MODEL_DIM) for i in range(DEPTH) if has_value_embed(i))
         self.head = LMHead(vocab_size)
         cos, sin = rotary_tables(seq_len, HEAD_DIM, self.embed.weight.device)
         self.register_buffer("cos", cos, persistent=False)
@@ -122,46 +162,62 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
+        bound = (3 / MODEL_DIM) ** 0.5
         nn.init.normal_(self.embed.weight, std=1.0)
         nn.init.normal_(self.head.proj.weight, std=0.001)
         for block in self.blocks:
             for linear in (block.attn.q, block.attn.k, block.attn.v, block.mlp.up):
-                nn.init.uniform_(linear.weight, -(3 / MODEL_DIM) ** 0.5, (3 / MODEL_DIM) ** 0.5)
+                nn.init.uniform_(linear.weight, -bound, bound)
             nn.init.zeros_(block.attn.out.weight)  # each block starts as the identity
             nn.init.zeros_(block.mlp.down.weight)
+            if block.attn.ve_gate is not None:
+                nn.init.zeros_(block.attn.ve_gate.weight)
+            if X0_SKIP:
+                block.resid_gain.fill_(1.0)
+                block.x0_gain.fill_(0.1)
+        for table in self.value_embeds:
+            nn.init.uniform_(table.weight, -bound, bound)
 
     def forward(self, idx, targets=None):
         T = idx.size(1)
-        x = rms_norm(self.embed(idx))
-        for block in self.blocks:
-            x = block(x, self.cos[:, :T], self.sin[:, :T])
+        x = x0 = rms_norm(self.embed(idx))
+        if torch.is_autocast_enabled(x.device.type):  # training on a GPU: half the residual stream's memory traffic
+            x = x0 = x.bfloat16()
+        tables = iter(self.value_embeds)
+        for i, block in enumerate(self.blocks):
+            ve = next(tables)(idx) if has_value_embed(i) else None
+            x = block(x, self.cos[:, :T], self.sin[:, :T], x0 if X0_SKIP else None, ve)
         return self.head(x, targets)
 
 
 # ---------------------------------------------------------------------------------------------
-# Optimizer: Muon for the weight matrices, AdamW for the embedding and the head
+# Optimizer: Muon for the weight matrices, AdamW for the embeddings, the head and the gains
 
 
 @torch.no_grad()
 def orthogonalize(G, steps=5):
     """Approximately replace G by the nearest semi-orthogonal matrix (Newton-Schulz iteration)."""
-    a, b, c = 3.4445, -4.7750, 2.0315
     X = G.to(torch.bfloat16 if G.is_cuda else torch.float32)
     tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for _ in range(steps):
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * NS_MARGIN + 1e-7)
+    for a, b, c in NS_COEFFS[:steps]:
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
     return (X.mT if tall else X).to(G.dtype)
 
 
 class Muon(torch.optim.Optimizer):
-    """Momentum, then orthogonalized updates; matrices of one shape are done in one batch."""
+    """Momentum, then orthogonalized updates; matrices of one shape are done in one batch.
 
-    def __init__(self, params, lr, momentum):
-        super().__init__(params, dict(lr=lr, momentum=momentum))
+    With `beta2` (NorMuon) each row of a tall update (column of a wide one) is divided by the root
+    of its running mean square, and the update is rescaled to its former norm. `weight_decay` is
+    cautious: it decays only the entries that the update moves towards zero as well.
+    """
+
+    def __init__(self, params, lr, momentum, beta2=None, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, momentum=momentum, beta2=beta2, weight_decay=weight_decay))
 
     @torch.no_grad()
     def step(self):
@@ -177,8 +233,23 @@ class Muon(torch.optim.Optimizer):
                 buf = state["momentum"]
                 buf.lerp_(grads, 1 - group["momentum"])
                 update = orthogonalize(grads.lerp_(buf, group["momentum"]))
-                scale = max(1.0, shape[0] / shape[1]) ** 0.5
-                torch._foreach_add_(params, list(update.unbind(0)), alpha=-group["lr"] * scale)
+                if group["beta2"] is not None:
+                    update = self.normalize(update, state, group["beta2"])
+                if group["weight_decay"]:
+                    weights = torch.stack(params)
+                    update += group["weight_decay"] * weights * (update * weights >= 0)
+                lr = group["lr"] * max(1.0, shape[0] / shape[1]) ** 0.5
+                torch._foreach_add_(params, list(update.unbind(0)), alpha=-lr)
+
+    @staticmethod
+    def normalize(update, state, beta2):
+        tall = update.size(-2) >= update.size(-1)
+        mean_square = update.square().mean(dim=-1 if tall else -2, keepdim=True)
+        if "second_moment" not in state:
+            state["second_moment"] = torch.zeros_like(mean_square)
+        state["second_moment"].lerp_(mean_square, 1 - beta2)
+        scaled = update * state["second_moment"].clamp_min(1e-10).rsqrt()
+        return scaled * (update.norm(dim=(-2, -1), keepdim=True) / scaled.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,19 +257,22 @@ class Muon(torch.optim.Optimizer):
 
 model = GPT(S.vocab_size, S.seq_len).to(S.device)
 model.init_weights()
-matrices = [p for block in model.blocks for p in block.parameters()]
-muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM)
+matrices = [p for block in model.blocks for p in block.parameters() if p.ndim == 2]
+muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, beta2=NORMUON_BETA2, weight_decay=WEIGHT_DECAY)
 width_scale = (MODEL_DIM / 768) ** -0.5  # AdamW rates were tuned at width 768
-adam = torch.optim.AdamW(
-    [dict(params=model.embed.parameters(), lr=EMBED_LR * width_scale),
-     dict(params=model.head.parameters(), lr=HEAD_LR * width_scale)],
-    betas=ADAM_BETAS, eps=1e-10, weight_decay=0.0, fused=S.device.type == "cuda",
-)
+adam_groups = [dict(params=model.embed.parameters(), lr=EMBED_LR * width_scale),
+               dict(params=model.head.parameters(), lr=HEAD_LR * width_scale)]
+if VALUE_EMBEDS:
+    adam_groups.append(dict(params=model.value_embeds.parameters(), lr=EMBED_LR * width_scale))
+if X0_SKIP:
+    adam_groups += [dict(params=[b.resid_gain for b in model.blocks], lr=GAIN_LR * 0.01),
+                    dict(params=[b.x0_gain for b in model.blocks], lr=GAIN_LR, betas=(0.96, 0.95))]
+adam = torch.optim.AdamW(adam_groups, betas=ADAM_BETAS, eps=1e-10, weight_decay=0.0, fused=S.device.type == "cuda")
 optimizers = [muon, adam]
 for opt in optimizers:
     for group in opt.param_groups:
         group["initial_lr"] = group["lr"]
-if COMPILE:  # by region: the blocks share one compiled graph, so new shapes compile one block, not DEPTH
+if COMPILE:  # by region: the blocks share compiled graphs, so new shapes compile a block or two, not DEPTH
     for module in (*model.blocks, model.head):
         module.compile(dynamic=False)
 
@@ -207,21 +281,34 @@ def lr_scale(progress):
     return 1.0 if progress < 1 - WARMDOWN else max(0.0, (1 - progress) / WARMDOWN)
 
 
+def muon_momentum(step):
+    return MUON_MOMENTUM - (MUON_MOMENTUM - MUON_MOMENTUM_START) * max(0.0, 1 - step / MOMENTUM_WARMUP)
+
+
+step = 0
 for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):
     with torch.autocast(S.device.type, dtype=torch.bfloat16, enabled=S.device.type == "cuda"):
         loss = model(x, y)
     (loss / GRAD_ACCUM).backward()
     if (micro + 1) % GRAD_ACCUM:
         continue
-    scale = lr_scale(S.progress())
+    progress = S.progress()
+    if SKIP_WARMUP_STEPS and progress == 0:  # a warm-up batch: compiled and run, never learnt from
+        model.zero_grad(set_to_none=True)
+        continue
+    scale = lr_scale(progress)
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * scale
+    for group in muon.param_groups:
+        group["momentum"] = muon_momentum(step)
+        group["weight_decay"] = WEIGHT_DECAY * (1 - progress)
+    for opt in optimizers:
         opt.step()
     model.zero_grad(set_to_none=True)
-    step = (micro + 1) // GRAD_ACCUM
+    step += 1
     if step % LOG_EVERY == 0:
-        print(f"step {step:6d} | loss {loss.item():.4f} | lr x{scale:.2f} | {S.progress():.0%} of budget", flush=True)
+        print(f"step {step:6d} | loss {loss.item():.4f} | lr x{scale:.2f} | {progress:.0%} of budget", flush=True)
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"training loss is {loss.item()} at step {step}")
 
