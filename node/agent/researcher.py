@@ -537,11 +537,23 @@ class Researcher:
         rows = self.ledger.rows("SELECT * FROM results WHERE id = ?", (rid,))
         return rows[0] if rows else None
 
+    def _replays_due(self, claim: dict) -> bool:
+        """Whether a verification of `claim` should still replay its author's seed: until as many
+        peers did as sit on a committee (`consensus.Rules.committee_size`), whose majority then
+        decides a misreport; more replays of one seed tell nothing new."""
+        rules = self.ledger.rules(self.profile.name, self.quorum)
+        done = self.ledger.rows(
+            "SELECT COUNT(DISTINCT author) AS n FROM verifications WHERE result = ? "
+            "AND (replay_val_bpb IS NOT NULL OR verdict = 'misreported')",
+            (claim["id"],),
+        )[0]["n"]
+        return done < rules.committee_size
+
     def _look(self, claim: dict, why: str) -> Verified | None:
         """One look at a claim (a verification, an adopter's re-score, an audit), published:
         the child on this node's next seed for it, paired with its own score of the parent.
-        Verifications also replay the author's seed (`verify_claim`); re-scores and audits,
-        which every adopter makes, do not: a replay per claim and verifier is what catches a
+        Verifications also replay the author's seed (`verify_claim`), until a committee's worth
+        of peers did (`_replays_due`); re-scores and audits, which every adopter makes, do not: a replay per claim and verifier is what catches a
         misreport, and the verifiers' replays are there. An audit runs on the seed of another
         peer's look that nobody replayed yet, and a verification on a contested one, when there
         is one (`_replay_seed`): a look no run stands behind is then contradicted.
@@ -568,7 +580,7 @@ class Researcher:
                 self.work_dir, seed=seed,
                 parent_score=None if parent is None
                 else functools.partial(self.score_at, parent.decode(), why=why),
-                check=self.check, run=self._run, replay=why == "verify",
+                check=self.check, run=self._run, replay=why == "verify" and self._replays_due(claim),
             )  # fmt: skip
         except AgentError as exc:
             self._set(f"cannot {why} {claim['id'][:12]}: {exc}"[:200])
