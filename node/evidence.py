@@ -13,7 +13,7 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 ALPHA = 0.05  # false-verification rate for a claim of zero gain, however many looks it gets
@@ -105,8 +105,9 @@ class CrossCheck:
 
     contradicted: frozenset[str] = frozenset()  # a strict majority of a seed's reports differ
     contested: frozenset[str] = frozenset()  # reports that disagree, and no majority: a tie
-    repeats: frozenset[tuple[str, int]] = frozenset()  # (peer, seed): another peer's report
-    # of the same run stands for it, so that a seed weighs once however many replayed it
+    # seed -> the peers whose reports of it hold, by id: the seed weighs once, in the first of
+    # them whose looks count, however many replayed it
+    holders: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     agreed: frozenset[str] = frozenset()  # peers whose report on some seed another reproduced
     ties: frozenset[tuple[int, str]] = frozenset()  # (seed, device class) of the contested seeds
 
@@ -116,8 +117,7 @@ def cross_check(looks: Iterable[Mapping[str, Any]], tolerance: float) -> CrossCh
     compared seed by seed, within one device class: on a seed that several peers reported, a
     report agrees with another when both scores lie within `tolerance`; a report that a strict
     majority of the seed's reports agree with holds, and those that do not are contradicted;
-    when none holds, every report on the seed is contested until another replay decides. Of
-    the reports that hold, the seed weighs once: in the first peer's by id."""
+    when none holds, every report on the seed is contested until another replay decides."""
     by_seed: dict[tuple[int, str], dict[str, tuple[float, float]]] = {}
     for v in looks:
         child, parent = v.get("child_val_bpb"), v.get("parent_val_bpb")
@@ -126,7 +126,8 @@ def cross_check(looks: Iterable[Mapping[str, Any]], tolerance: float) -> CrossCh
         by_seed.setdefault((v["seed"], v.get("device") or ""), {}).setdefault(
             v["author"], (child, parent)
         )
-    contradicted, contested, repeats, agreed, ties = set(), set(), set(), set(), set()
+    contradicted, contested, agreed, ties = set(), set(), set(), set()
+    holders: dict[int, tuple[str, ...]] = {}
     for (seed, device), reports in by_seed.items():
         if len(reports) < 2:
             continue
@@ -143,10 +144,10 @@ def cross_check(looks: Iterable[Mapping[str, Any]], tolerance: float) -> CrossCh
             ties.add((seed, device))
             continue
         contradicted |= set(reports) - set(holds)
-        repeats |= {(peer, seed) for peer in holds[1:]}
+        holders[seed] = tuple(holds)
         agreed |= set(holds)
-    return CrossCheck(frozenset(contradicted), frozenset(contested - contradicted),
-                      frozenset(repeats), frozenset(agreed), frozenset(ties))  # fmt: skip
+    return CrossCheck(frozenset(contradicted), frozenset(contested - contradicted), holders,
+                      frozenset(agreed), frozenset(ties))  # fmt: skip
 
 
 def peer_looks(
@@ -154,12 +155,15 @@ def peer_looks(
 ) -> list[PeerLooks]:
     """Verification rows (author, verdict, delta, seed, replay_val_bpb, device) of one claim,
     grouped by peer, sorted by peer. A second look on the same seed is the same look: its gains
-    are averaged, and a seed another peer's report of the same run stands for (`checked`, the
-    claim's `cross_check`) is left out. A void, or a refutation without a score (the child
+    are averaged, and a seed that another peer among `looks` reported too, in agreement, weighs
+    in the first such peer's looks by id only (`checked`, the claim's `cross_check`). A void, or a refutation without a score (the child
     broke the policy), is a refusal; a crash counts neither way (a smaller machine may run out
     of memory). A replay counts only from the claim's own `device` class."""
+    looks = list(looks)
+    counted = {v["author"] for v in looks}
     by_peer: dict[str, dict[str, Any]] = {}
     for v in looks:
+        first = next((p for p in checked.holders.get(v["seed"], ()) if p in counted), None)
         entry = by_peer.setdefault(
             v["author"], {"seeds": {}, "void": False, "replay": None, "misreported": False}
         )
@@ -173,7 +177,7 @@ def peer_looks(
             entry["void"] = True
         elif (
             isinstance(delta, (int, float)) and math.isfinite(delta)
-            and (v["author"], v["seed"]) not in checked.repeats
+            and first in (None, v["author"])
         ):  # fmt: skip
             entry["seeds"].setdefault(v["seed"], []).append(-delta)
         replay = v.get("replay_val_bpb")
@@ -198,9 +202,9 @@ def seed_to_replay(
     """The seed of another peer's report on a claim that `me`, on `device`, should replay next
     (`looks`: the claim's verification rows): a contested seed first, since one more report
     decides it; then (unless `contested_only`) a seed nobody replayed yet, of a peer that no
-    replay corroborated or contradicted on this claim so far. Among several, the draw is by hash of `me` and the
-    seed: nodes that look at once replay different seeds, a peer's in proportion to its
-    reports. None: nothing to replay."""
+    replay corroborated or contradicted on this claim so far. Among several, the draw is by
+    hash of `me` and the seed: nodes that look at once replay different seeds, a peer's in
+    proportion to its reports. None: nothing to replay."""
     looks = list(looks)
     mine = {v["seed"] for v in looks if v["author"] == me}
     looks = [v for v in looks if v["author"] not in (me, author)

@@ -201,7 +201,19 @@ def test_a_look_no_run_stands_behind_is_contradicted_by_two_replays_of_its_seed(
     assert judge_claims(results, other, RULES)["r1"].contradicted == ()
 
 
-def test_a_contradicted_peer_counts_on_no_claim_and_the_ledger_agrees(tmp_path):
+def test_a_committee_members_replay_of_an_outsiders_seed_weighs_in_its_own_looks():
+    members = frozenset("abcdefgh")
+    panel = committee("r1", "a", members, 3)
+    outsider = min(m for m in members - {"a"} if m not in panel)
+    judge = max(panel)  # a later id than the outsider's: the seed must still weigh for it
+    assert outsider < judge
+    r = rules(1, members=members, committee=3)
+    rows = [report("r1", who, 10, 1.50, 1.52) for who in (outsider, judge)]
+    judged = judge_claims([result("r1", "a", BASELINE, V1)], rows, r)["r1"]
+    assert judged.peers == (judge,) and judged.seeds == 1 and judged.contradicted == ()
+
+
+def test_a_contradicted_peer_counts_on_no_claim():
     results = [result("r1", "a", BASELINE, V1), result("r2", "a", V1, V2)]
     rows = [
         *(report("r1", "c", 10 + k, 1.50, 1.52) for k in range(3)),
