@@ -20,6 +20,7 @@ from node.identity import Identity, IdentityError, peer_id_from_public_key, publ
 
 FORMAT = "research-swarm campaign/1"
 MAX_FILE = 512 * 1024  # bytes: program.md and train.py are a few KB each
+MAX_DATA_READS = 4  # reads of the training split a budget may make before a node warns of it
 
 
 class CampaignError(SwarmError):
@@ -113,6 +114,23 @@ def pinned_budget(campaign: Campaign | None, profile: str) -> int | None:
             "positive number of tokens; ask the organiser for a corrected campaign file"
         )
     return int(value)
+
+
+def budget_warning(profile: str, budget_tokens: int, manifest: dict, smaller: str) -> str | None:
+    """One line when a run's budget reads the profile's training split more than MAX_DATA_READS
+    times, where val_bpb measures memorising more than learning (docs/trainer.md); None when it
+    does not. `smaller` says where this line is read how to set a budget: `{budget}` in it
+    stands for one that reads the split MAX_DATA_READS times."""
+    train = manifest.get("train_tokens")
+    if not train or budget_tokens <= MAX_DATA_READS * train:
+        return None
+    fitting = MAX_DATA_READS * train
+    return (
+        f"{profile}: a budget of {budget_tokens:,} tokens reads the {train:,} training tokens of "
+        f"{manifest.get('data', 'its data')} {budget_tokens / train:.1f} times, so val_bpb will measure "
+        f"memorising more than learning: give it more data (--data web:fineweb-edu, or urls:FILE) or "
+        f"a smaller budget ({smaller.format(budget=fitting)})"
+    )
 
 
 def make_campaign(fact: wire.Fact, program: str, baseline: str) -> Campaign:

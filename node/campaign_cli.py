@@ -12,7 +12,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from node.cli_shared import DataOption, HomeOption, JsonOption, console, prepare, status_line
+from node.cli_shared import (
+    DataOption,
+    HomeOption,
+    JsonOption,
+    console,
+    err_console,
+    prepare,
+    status_line,
+)
 from node.errors import SwarmError
 
 
@@ -80,7 +88,7 @@ def campaign_new(
 
     Example: swarm campaign new hack-nov --program program.md --profile cpu --quorum 2 --members team.txt
     """
-    from node.campaign import campaign_body, data_pins, make_campaign
+    from node.campaign import budget_warning, campaign_body, data_pins, make_campaign
     from node.identity import load_identity
     from node.ledger import Ledger, ledger_path
     from node.trainer import BASELINE_TRAIN_PY
@@ -112,7 +120,10 @@ def campaign_new(
     pins: dict[str, str] = {}
     for profile in dict.fromkeys(profiles):
         home_dir, prof, tokens = prepare(profile, data, home)
-        pins.update(data_pins(prof.name, prof.data, tokens.manifest, budgets.get(prof.name, prof.budget_tokens)))
+        pinned = budgets.get(prof.name, prof.budget_tokens)
+        if warning := budget_warning(prof.name, pinned, tokens.manifest, f"--budget {prof.name}={{budget}}"):
+            err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        pins.update(data_pins(prof.name, prof.data, tokens.manifest, pinned))
     me = load_identity(home_dir)
     body = campaign_body(me, name, texts["program"], texts["baseline"], list(dict.fromkeys(profiles)), quorum, pins,
                          listed)

@@ -6,6 +6,7 @@ A user's mistake ends in a one-line error and exit code 1, never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -72,6 +73,8 @@ def run(
     train_py: Annotated[Path | None, typer.Option("--train-py", help="The train.py to run (default: the baseline).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for the model's initialisation and the data order.")] = 0,
     data: DataOption = None,
+    budget: Annotated[int | None, typer.Option(
+        "--budget", help="Training tokens instead of the profile's budget (a result at another budget compares with no other).")] = None,
     sandbox: Annotated[bool | None, typer.Option(
         "--sandbox/--no-sandbox", help="Run train.py in bubblewrap (default: whenever it is installed).")] = None,
     home: HomeOption = None,
@@ -81,6 +84,9 @@ def run(
 
     Example: swarm run --profile cpu --train-py my_train.py --seed 1
     """
+    if budget is not None and budget < 1:
+        raise SwarmError(f"--budget {budget}: expected a positive number of training tokens, e.g. --budget 32768")
+    from node.campaign import budget_warning
     from node.home import compiled_dir
     from node.trainer import BASELINE_TRAIN_PY, run_experiment
     from node.trainer.compile_cache import CompileCache
@@ -98,6 +104,10 @@ def run(
 
     require_device(get_profile(profile))  # before fetching gigabytes of data for a GPU run
     home_dir, prof, tokens = prepare(profile, data, home)
+    if budget is not None:
+        prof = dataclasses.replace(prof, budget_tokens=budget)
+    if warning := budget_warning(prof.name, prof.budget_tokens, tokens.manifest, "--budget {budget}"):
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     run_dir = home_dir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{prof.name}-{os.getpid()}"
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node import wire
-from node.campaign import Campaign, check_data, pinned_budget
+from node.campaign import Campaign, budget_warning, check_data, pinned_budget
 from node.errors import SwarmError
 from node.home import compiled_dir, data_dir
 from node.identity import load_identity
@@ -113,6 +113,9 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
         if moved := baseline_moved(home, config.campaign, profile.name):
             say(moved)
         _record_terms(home, open_terms(config.campaign, config.quorum))
+    if warning := budget_warning(profile.name, profile.budget_tokens, tokens.manifest,
+                                 f"a campaign that pins it: swarm campaign new --budget {profile.name}={{budget}}"):
+        say(warning)
     stop = stop or threading.Event()
     say(f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
         f"{len(devices)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}, "

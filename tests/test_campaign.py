@@ -12,7 +12,15 @@ import pytest
 from conftest import Process, make_result, run_swarm
 
 from node import wire
-from node.campaign import CampaignError, check_data, load_campaign, parse_campaign, pinned_budget
+from node.campaign import (
+    CampaignError,
+    budget_warning,
+    check_data,
+    load_campaign,
+    make_campaign,
+    parse_campaign,
+    pinned_budget,
+)
 from node.trainer.sandbox import sandbox_available
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +159,70 @@ def test_bad_campaign_arguments_are_one_line_errors(made, tmp_path):
         budget = new_campaign("--budget", bad)
         assert budget.returncode == 1 and "expected PROFILE=TOKENS" in budget.stderr, budget.stderr
         assert len(budget.stderr.strip().splitlines()) == 1
+
+
+def test_a_budget_that_reads_the_data_more_than_four_times_is_named_with_the_two_ways_out():
+    manifest = {"data": "embedded:default", "train_tokens": 25_168_575}
+    said = budget_warning("gpu", 503_316_480, manifest, "--budget gpu={budget}")
+    assert said == (
+        "gpu: a budget of 503,316,480 tokens reads the 25,168,575 training tokens of embedded:default "
+        "20.0 times, so val_bpb will measure memorising more than learning: give it more data "
+        "(--data web:fineweb-edu, or urls:FILE) or a smaller budget (--budget gpu=100674300)"
+    )
+    assert budget_warning("gpu", 100_663_296, manifest, "--budget gpu={budget}") is None  # 4.0 reads
+    assert budget_warning("gpu", 503_316_480, {}, "--budget gpu={budget}") is None  # not counted
+
+
+def test_a_campaign_fixes_its_budget_to_suit_its_data_and_says_when_it_reads_it_too_often(made, tmp_path):
+    """`--budget` pins a budget that suits the data in silence; one that reads the training split
+    more than four times is pinned too (the organiser decides), with one line saying so when the
+    campaign is made and again when a node joins it."""
+    _, env, data = made
+    train = data.manifest["train_tokens"]
+
+    def new_campaign(name: str, budget: int):
+        return run_swarm("campaign", "new", name, "--program", str(ROOT / "program.md"), "--profile", "test",
+                         "--budget", f"test={budget}", "--out", str(tmp_path / f"{name}.json"),
+                         "--home", str(tmp_path / "organiser"), env=env)  # fmt: skip
+
+    fits = new_campaign("fits", 4 * train)
+    assert fits.returncode == 0 and "reads the" not in fits.stderr, fits.stderr
+    over = new_campaign("over", 5 * train)
+    said = [line for line in over.stderr.splitlines() if "reads the" in line]
+    assert over.returncode == 0 and len(said) == 1, over.stderr
+    assert (
+        f"test: a budget of {5 * train:,} tokens reads the {train:,} training tokens of "
+        "embedded:small 5.0 times" in said[0] and f"--budget test={4 * train})" in said[0]
+    )
+    assert pinned_budget(load_campaign(tmp_path / "over.json"), "test") == 5 * train
+    node = Process("join", "--campaign", str(tmp_path / "over.json"), "--profile", "test", "--listen",
+                   "/ip4/127.0.0.1/tcp/0", "--no-sandbox", "--home", str(tmp_path / "member"), env=env)  # fmt: skip
+    try:
+        node.wait_for(
+            r"test: a budget of [\d,]+ tokens reads the [\d,]+ training tokens of embedded:small 5\.0 "
+            r"times, so val_bpb will measure memorising more than learning: give it more data "
+            r"\(--data web:fineweb-edu, or urls:FILE\) or a smaller budget \(a campaign that pins it: "
+            rf"swarm campaign new --budget test={4 * train}\)",
+            120,
+        )
+        node.wait_for(rf"node \w+: campaign over, profile test, .*, {5 * train} training tokens a run", 60)
+    finally:
+        assert node.stop() == 0
+
+
+def test_a_campaign_file_that_pins_a_budget_of_no_tokens_is_refused_in_one_line(made, tmp_path, bob):
+    path, env, _ = made
+    campaign = load_campaign(path)
+    pins = {**campaign.fact.body["data"], "test.budget": "0"}
+    body = {**campaign.fact.body, "organiser": bob.public_key, "name": "zero", "data": pins}
+    fact = wire.sign(bob, "campaign", "zero", 1, body)
+    zero = tmp_path / "zero.json"
+    zero.write_bytes(make_campaign(fact, campaign.program, campaign.baseline).to_bytes())
+    joined = run_swarm("join", "--campaign", str(zero), "--profile", "test", "--no-sandbox", "--home",
+                       str(tmp_path / "h"), env=env)  # fmt: skip
+    lines = [line for line in joined.stderr.splitlines() if line.strip()]
+    assert joined.returncode == 1 and len(lines) == 1, joined.stderr
+    assert "campaign zero pins the budget '0' for test: expected a positive number of tokens" in lines[0]
 
 
 @pytest.mark.skipif(

@@ -34,6 +34,7 @@ def test_a_user_mistake_is_one_line_and_a_nonzero_exit_code(tmp_path):
     no_gpu = [] if torch.cuda.is_available() else [(["run", "--profile", "gpu"], "needs a CUDA GPU", 1)]
     for args, words, code in [*no_gpu, (["run", "--profile", "laptop"], "unknown profile 'laptop'", 1),
                               (["run", "--profile", "test", "--train-py", str(tmp_path / "nope.py")], "is not a file", 1),
+                              (["run", "--profile", "test", "--budget", "0"], "expected a positive number of training tokens", 1),
                               (["data", "build", "--data", "s3:bucket"], "unknown data", 1),
                               (["run", "--seed", "abc"], "Invalid value for '--seed'", 2),
                               (["trian"], "No such command 'trian'", 2)]:
@@ -43,13 +44,15 @@ def test_a_user_mistake_is_one_line_and_a_nonzero_exit_code(tmp_path):
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr
 
 
-def test_run_json_reports_the_documented_keys(tmp_path, small_data, data_cache):
-    done = swarm("run", "--profile", "test", "--seed", "2", "--json", cache=data_cache, home=tmp_path)
+def test_run_json_reports_the_documented_keys_of_a_run_on_the_budget_asked_for(tmp_path, small_data, data_cache):
+    done = swarm("run", "--profile", "test", "--seed", "2", "--budget", "32768", "--json", cache=data_cache,
+                 home=tmp_path)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     for key in ("outcome", "val_bpb", "steps", "tokens", "train_seconds", "peak_memory_mb", "profile", "train_py_sha256"):
         assert key in result
     assert result["outcome"] == "ok" and result["profile"] == "test" and result["seed"] == 2
+    assert result["budget_tokens"] == 32768 and "reads the" not in done.stderr  # 32,768 tokens read the data once
     assert 0 < result["val_bpb"] < 8
     assert (tmp_path / "runs").is_dir() and len(list((tmp_path / "runs").iterdir())) == 1
 
@@ -62,6 +65,19 @@ def test_run_shows_a_result_table_and_a_crash_exits_two(tmp_path, small_data, da
     crash = swarm("run", "--profile", "test", "--train-py", str(broken), cache=data_cache, home=tmp_path)
     assert crash.returncode == 2
     assert "crash" in crash.stdout and "this train.py is broken" in crash.stderr
+
+
+def test_run_on_a_budget_that_reads_its_data_more_than_four_times_says_so_in_one_line(
+        tmp_path, small_data, data_cache):
+    train = small_data.manifest["train_tokens"]
+    broken = tmp_path / "broken.py"  # the line comes before the run; this one ends at once
+    broken.write_text("raise SystemExit('this train.py is broken')\n")
+    done = swarm("run", "--profile", "test", "--budget", str(5 * train), "--train-py", str(broken),
+                 cache=data_cache, home=tmp_path)
+    said = [line for line in done.stderr.splitlines() if "reads the" in line]
+    assert len(said) == 1, done.stderr
+    assert f"a budget of {5 * train:,} tokens reads the {train:,} training tokens of embedded:small 5.0 times" in said[0]
+    assert "more data (--data web:fineweb-edu, or urls:FILE)" in said[0] and f"--budget {4 * train}" in said[0]
 
 
 def test_data_build_reports_the_hashes_a_campaign_pins(tmp_path, small_data, data_cache):
