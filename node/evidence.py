@@ -156,9 +156,10 @@ def peer_looks(
     """Verification rows (author, verdict, delta, seed, replay_val_bpb, device) of one claim,
     grouped by peer, sorted by peer. A second look on the same seed is the same look: its gains
     are averaged, and a seed that another peer among `looks` reported too, in agreement, weighs
-    in the first such peer's looks by id only (`checked`, the claim's `cross_check`). A void, or a refutation without a score (the child
-    broke the policy), is a refusal; a crash counts neither way (a smaller machine may run out
-    of memory). A replay counts only from the claim's own `device` class."""
+    in the first such peer's looks by id only (`checked`, the claim's `cross_check`). A void,
+    or a refutation without a score (the child broke the policy), is a refusal; a crash counts
+    neither way (a smaller machine may run out of memory). A replay counts only from the
+    claim's own `device` class."""
     looks = list(looks)
     counted = {v["author"] for v in looks}
     by_peer: dict[str, dict[str, Any]] = {}
@@ -207,16 +208,17 @@ def seed_to_replay(
     proportion to its reports. None: nothing to replay."""
     looks = list(looks)
     mine = {v["seed"] for v in looks if v["author"] == me}
+    scored = ("child_val_bpb", "parent_val_bpb")
     looks = [v for v in looks if v["author"] not in (me, author)
-             and v.get("child_val_bpb") is not None and v.get("parent_val_bpb") is not None]  # fmt: skip
+             and all(v.get(k) is not None for k in scored)]  # fmt: skip
     checked = cross_check(looks, tolerance)
     reporters: dict[int, set[str]] = {}
     for v in looks:
         if (v.get("device") or "") == device and v["seed"] not in mine:
             reporters.setdefault(v["seed"], set()).add(v["author"])
     contested = [seed for seed in reporters if (seed, device) in checked.ties]
-    alone = [seed for seed, peers in reporters.items()
-             if len(peers) == 1 and not peers & (checked.contradicted | checked.agreed)]  # fmt: skip
+    known = checked.contradicted | checked.agreed  # peers a replay already judged
+    alone = [seed for seed, peers in reporters.items() if len(peers) == 1 and not peers & known]
     pick = contested if contested or contested_only else alone
     if not pick:
         return None

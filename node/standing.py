@@ -2,8 +2,9 @@
 
 Standing is earned by a verified history (claims the evidence verified, looks that agreed with
 the pooled estimate) and lost for what noise does not explain: a look far outside the pooled
-estimate of the others, a look that replays of its seed contradict, a claimed gain far above what the verifiers measured, a claim found
-void or misreported. Honest noise (a chance win refuted, an inconclusive look) costs nothing.
+estimate of the others, a look that replays of its seed contradict, a claimed gain far above
+what the verifiers measured, a claim found void or misreported. Honest noise (a chance win
+refuted, an inconclusive look) costs nothing.
 A peer recovers once its good evidence outweighs the bad again. Pure functions, except
 `ledger_standing`, which reads.
 """

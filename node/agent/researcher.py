@@ -251,16 +251,20 @@ class Researcher:
             source = self.ledger.version(self.adopted)
             if source is None:
                 return
-            self.head = Head(source.decode(), self.score(source.decode()))
-        skip = silenced(ledger_standing(self.ledger))
+            try:
+                self.head = Head(source.decode(), self.score(source.decode()))
+            except AgentError:  # adopt() said why; it keeps the head it had
+                return
         favoured = [
             r for r in results
             if r["parent"] == self.adopted and r["author"] != self.me.peer_id
-            and r["author"] not in skip and r["id"] in judged
-            and judged[r["id"]].state in ("open", consensus.HELD)
+            and r["id"] in judged and judged[r["id"]].state in ("open", consensus.HELD)
             and self._favour(r, judged[r["id"]]) > 0 and self.ledger.version(r["child"]) is not None
             and (self.trusted is None or self.trusted(r["author"]))
         ]  # fmt: skip
+        if favoured:  # standing costs a judgement of every claim: only when there is a choice
+            skip = silenced(ledger_standing(self.ledger))
+            favoured = [r for r in favoured if r["author"] not in skip]
         if not favoured:
             return
         pick = max(favoured, key=lambda r: (self._favour(r, judged[r["id"]]), r["id"]))
@@ -430,11 +434,10 @@ class Researcher:
         at a claim on the adopted head (or the one it researches ahead from: `_speculate`) this
         node was drawn to judge (`_on_duty`), else a replay of a look nobody replayed at a step
         of the head's lineage, else every AUDIT_EVERY-th step an audit of the head's lineage,
-        else a verification of a peer's
-        claim (every `verify_every`-th step, when one is open), else a research step from the
-        head, else (when the proposer has nothing, or its model failed or its budget is spent) a
-        verification after all. Publishes what it signed. A refused step ran nothing: a caller
-        that gets several in a row should wait."""
+        else a verification of a peer's claim (every `verify_every`-th step, when one is open),
+        else a research step from the head, else (when the proposer has nothing, or its model
+        failed or its budget is spent) a verification after all. Publishes what it signed. A
+        refused step ran nothing: a caller that gets several in a row should wait."""
         if self.margin is None:
             self.start()
         assert self.head is not None and self.margin is not None
@@ -553,12 +556,13 @@ class Researcher:
         """One look at a claim (a verification, an adopter's re-score, an audit), published:
         the child on this node's next seed for it, paired with its own score of the parent.
         Verifications also replay the author's seed (`verify_claim`), until a committee's worth
-        of peers did (`_replays_due`); re-scores and audits, which every adopter makes, do not: a replay per claim and verifier is what catches a
-        misreport, and the verifiers' replays are there. An audit runs on the seed of another
-        peer's look that nobody replayed yet, and a verification on a contested one, when there
-        is one (`_replay_seed`): a look no run stands behind is then contradicted.
-        A re-score's seed is the first this node pairs the adopted head with, so that the look
-        costs one run of the parent. None when another worker has it or it cannot run here."""
+        of peers did (`_replays_due`); re-scores and audits, which every adopter makes, do not:
+        the verifiers' replays are what catches a misreport. A re-score or an audit runs on the
+        seed of another peer's look that nobody replayed yet, and a verification on a contested
+        one, when there is one (`_replay_seed`): a look no run stands behind is then
+        contradicted. Otherwise a re-score's seed is the first this node pairs the adopted head
+        with, so that the look costs one run of the parent. None when another worker has it or
+        it cannot run here."""
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
         if not self.crew.take("verify", claim["id"]):
             return None
@@ -580,7 +584,8 @@ class Researcher:
                 self.work_dir, seed=seed,
                 parent_score=None if parent is None
                 else functools.partial(self.score_at, parent.decode(), why=why),
-                check=self.check, run=self._run, replay=why == "verify" and self._replays_due(claim),
+                check=self.check, run=self._run,
+                replay=why == "verify" and self._replays_due(claim),
             )  # fmt: skip
         except AgentError as exc:
             self._set(f"cannot {why} {claim['id'][:12]}: {exc}"[:200])

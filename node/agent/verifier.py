@@ -53,11 +53,12 @@ def claims_to_verify(
     Claims built on the `head` this node adopted first (each would be the next head), then the
     rest of the frontier: claims built on the `baseline` or on a verified child, since only
     those can become the head or be merged onto it (a win on an unverified parent waits for its
-    parent); claims this node never looked at before those it did. Then round-robin across authors, the author this node
-    has looked at least first, so that a flood of claims by one author cannot starve the
-    others; each author's claims by largest claimed gain (the likeliest next heads), ties by
-    id, at most `per_author` of them. `judged`: the claims' judgements under `rules`, when the
-    caller keeps them (then `verifications` need only be this node's own). Pure: no I/O."""
+    parent); claims this node never looked at before those it did. Then round-robin across
+    authors, the author this node has looked at least first, so that a flood of claims by one
+    author cannot starve the others; each author's claims by largest claimed gain (the likeliest
+    next heads), ties by id, at most `per_author` of them. `judged`: the claims' judgements
+    under `rules`, when the caller keeps them (then `verifications` need only be this node's
+    own). Pure: no I/O."""
     results = [r for r in results if r["profile"] == profile and r["outcome"] == "keep"]
     measured = [r for r in results if r["harness"] == harness]
     verifications = list(verifications)
