@@ -332,9 +332,9 @@ def test_a_campaign_with_members_lists_them_signed_and_a_node_judges_by_its_comm
                 wire.sign(stranger, "verification", "team", seed + 1, {**body, "seed": seed}).raw
             )
         assert book.rows("SELECT state, seeds FROM claims") == [{"state": "open", "seeds": 0}]
-        for who in (bob, carol):  # two of its committee: their looks count
+        for k, who in enumerate((bob, carol)):  # two of its committee, each on seeds of its own
             for seed in range(2):
                 book.ingest(
-                    wire.sign(who, "verification", "team", seed + 1, {**body, "seed": seed}).raw
+                    wire.sign(who, "verification", "team", seed + 1, {**body, "seed": 2 * k + seed}).raw
                 )
         assert book.rows("SELECT state, seeds FROM claims") == [{"state": "verified", "seeds": 4}]

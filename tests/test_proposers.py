@@ -98,6 +98,17 @@ def test_offline_proposer_steps_capital_constants_of_an_edited_parent():
     assert all("HEAD_LR = 0.008 " not in c for c in children)  # not of the baseline's
 
 
+def test_offline_proposer_steps_the_value_its_profile_runs_of_a_constant_set_per_profile():
+    line = next(x for x in BASELINE.split("\n") if x.startswith("MATRIX_LR = "))
+    assert line.startswith("MATRIX_LR = 0.04 if GPU else 0.02 ")
+    for profile, stepped, kept in (("gpu", "0.08 if GPU else 0.02", "0.04 if GPU else 0.04"),
+                                   ("cpu", "0.04 if GPU else 0.04", "0.08 if GPU else 0.02")):  # fmt: skip
+        proposals = dict(OfflineProposer(0).candidates(BASELINE, profile))
+        changed = [c for c in proposals.values() if f"MATRIX_LR = {stepped} " in c]
+        assert changed and all(f"MATRIX_LR = {kept} " not in c for c in proposals.values())
+        assert f"MATRIX_LR {'0.04 -> 0.08' if profile == 'gpu' else '0.02 -> 0.04'}" in proposals
+
+
 # ---------------------------------------------------------------------------------------------
 # Extraction, without a server
 

@@ -34,6 +34,7 @@ BASELINE = BASELINE_TRAIN_PY.read_text()
 NARROW = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
 FOUR_STEPS = BASELINE.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
 BOTH = NARROW.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
+NARROW_SOFTCAP = NARROW.replace("LOGIT_SOFTCAP = 15.0 ", "LOGIT_SOFTCAP = 30.0 ")
 SOFTCAP = BASELINE.replace("LOGIT_SOFTCAP = 15.0 ", "LOGIT_SOFTCAP = 30.0 ")
 PROFILE = get_profile("test")
 
@@ -181,7 +182,8 @@ def ledger_of(tmp_path, name: str) -> Ledger:
 def test_a_node_drawn_for_a_claim_on_its_head_looks_at_it_at_the_next_step(book, alice, bob, tmp_path):
     """The claim is on the head alice adopted and she is among the peers its hash draws (of the
     two active, she is the only one who is not its author): her next step is the look, whatever
-    `verify_every` says, and the research after it starts from the claimed child."""
+    `verify_every` says, and research goes ahead from the claimed child once a look favours it
+    (no gain was verified on the profile yet: its author's word alone is not enough)."""
     landscape = Landscape()
     with ledger_of(tmp_path, "bob") as bobs:
         researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
@@ -193,6 +195,8 @@ def test_a_node_drawn_for_a_claim_on_its_head_looks_at_it_at_the_next_step(book,
     assert checked.fact.body["result"] == claim["id"]
     assert checked.fact.body["seed"] == worker.seeds(sha(BASELINE))[0]
     assert worker.published[-1].kind == "verification"
+    assert worker.head.sha256 == sha(BASELINE)
+    worker._speculate()
     assert worker.head.sha256 == sha(NARROW)  # research goes ahead from the claim under judgement
     assert worker.adopted == sha(BASELINE)  # adoption waits for the evidence (the first win's hold)
 
@@ -209,15 +213,22 @@ def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
     worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=0)
     worker.start()
     (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
-    looks = [wire.verification_body(
-        result=claim["id"], child_val_bpb=1.5 + 0.05, parent_val_bpb=1.5, seed=200 + k,
-        profile="test", harness=harness_sha256(PROFILE), verdict="refute",
-    ) for k in range(8)]  # fmt: skip
+
+    def look(who, gain, seed):
+        body = wire.verification_body(
+            result=claim["id"], child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=seed,
+            profile="test", harness=harness_sha256(PROFILE), verdict="confirm" if gain > 0 else "refute",
+        )  # fmt: skip
+        book.ingest(wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw)
+
     worker.verify_every = 1
     worker._speculate()
-    assert worker.head.sha256 == sha(NARROW)  # favoured: no look yet, its author claims a gain
-    for body in looks:
-        book.ingest(wire.sign(carol, "verification", CAMPAIGN, book.next_seq(carol.public_key), body).raw)
+    assert worker.head.sha256 == sha(BASELINE)  # no look yet, and no gain verified to size it
+    look(carol, 0.05, 300)
+    worker._speculate()
+    assert worker.head.sha256 == sha(NARROW)  # favoured by a look
+    for k in range(8):
+        look(DAVE, -0.05, 200 + k)
     assert book.standings("test", every=True)[1][claim["id"]].state == "refuted"
     worker._speculate()
     assert worker.head.sha256 == sha(BASELINE) == worker.adopted
@@ -580,11 +591,7 @@ def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, 
     checked = first.step()  # verifies bob's claim; meanwhile the second worker researches instead
     assert isinstance(checked, Verified) and checked.verdict == "confirm"
     assert [type(s) for s in meanwhile] == [Step] and meanwhile[0].outcome == "discard"
-    # the child ran for the look, and as the head both research ahead from: its score on the
-    # node's first seed for it, and the second worker's pair on the second (while calibrating)
-    runs = book.rows("SELECT description FROM runs WHERE child = ?", (sha(NARROW),))
-    assert sorted(r["description"].split(" ")[0] for r in runs) == ["pair", "score", "verify"]
-    assert landscape.runs.count(NARROW) == 3
+    assert landscape.runs.count(NARROW) == 1
     assert [f.kind for f in first.published + second.published] == ["verification", "result"]
 
 
@@ -642,6 +649,26 @@ def test_a_node_re_measures_the_head_it_adopts_as_a_look_at_its_claim(book, alic
     assert isinstance(step, Step) and step.pairs[0][0] == node.seeds(sha(NARROW))[0]
     seeds = [r["seed"] for r in book.rows("SELECT seed FROM runs WHERE child = ?", (sha(NARROW),))]
     assert len(seeds) == len(set(seeds)) == landscape.runs.count(NARROW)  # never a seed twice
+
+
+def test_before_any_look_an_author_is_taken_at_its_word_only_for_a_gain_of_the_verified_size(
+    book, alice, bob, carol, tmp_path
+):
+    _verified_claim(book, alice, bob, BASELINE, NARROW, gain=0.05, replayed_by=DAVE)
+    node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=4)
+    node.start()
+    assert node.adopted == sha(NARROW)
+    for source, claimed, seq in ((BOTH, 1.0, 2), (NARROW_SOFTCAP, 1.45, 3)):  # 0.5, then 0.05
+        book.add_version(source.encode())
+        body = wire.result_body(
+            parent=sha(NARROW), child=sha(source), diff=b"d", description="next", profile="test",
+            harness=harness_sha256(PROFILE), seed=1, outcome="keep",
+            metrics={"val_bpb": claimed, "steps": 1, "tokens": 1}, pairs=[(1, claimed, 1.5)],
+        )  # fmt: skip
+        book.ingest(wire.sign(alice, "result", CAMPAIGN, seq, body).raw)
+        node._speculate()
+        # ten times the largest verified gain: not at its word; the size of one: at its word
+        assert node.head.sha256 == (sha(NARROW) if source == BOTH else sha(NARROW_SOFTCAP))
 
 
 def test_an_adopter_replays_a_seed_of_looks_nobody_replayed_and_a_made_up_one_is_out(

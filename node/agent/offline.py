@@ -71,8 +71,25 @@ class _Step:
     new_line: str
 
 
-def hyperparameter_steps(source: str) -> list[_Step]:
-    """One step per CAPITAL numeric constant (or tuple element) of train.py and neighbour value."""
+def _values(value: ast.expr, profile: str | None) -> list[tuple[str, ast.expr]]:
+    """(how a step names it, the expression) for each part of a constant's value a step may
+    change: the value, each element of a tuple, and of `a if GPU else b` the branch the profile
+    runs (both, named, when it is not known or the condition is another)."""
+    if isinstance(value, ast.IfExp):
+        if isinstance(value.test, ast.Name) and value.test.id == "GPU" and profile:
+            return _values(value.body if profile == "gpu" else value.orelse, profile)
+        cond = ast.unparse(value.test)
+        return [(f" (if {cond}){n}", v) for n, v in _values(value.body, profile)] + [
+            (f" (unless {cond}){n}", v) for n, v in _values(value.orelse, profile)
+        ]
+    if isinstance(value, ast.Tuple):
+        return [(f"[{i}]", v) for i, v in enumerate(value.elts)]
+    return [("", value)]
+
+
+def hyperparameter_steps(source: str, profile: str | None = None) -> list[_Step]:
+    """One step per CAPITAL numeric constant (or tuple element) of train.py and neighbour value;
+    of a constant set per profile (`a if GPU else b`), the value `profile` runs (`_values`)."""
     lines = source.split("\n")
     out: list[_Step] = []
     for stmt in ast.parse(source).body:
@@ -84,14 +101,13 @@ def hyperparameter_steps(source: str) -> list[_Step]:
             or target.id in SKIP_CONSTANTS
         ):
             continue
-        nodes = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [stmt.value]
-        for i, node in enumerate(nodes):
+        for part, node in _values(stmt.value, profile):
             value = getattr(node, "value", None)
             if not isinstance(node, ast.Constant) or type(value) not in (int, float):
                 continue
             if node.lineno != node.end_lineno:
                 continue
-            name = target.id if len(nodes) == 1 else f"{target.id}[{i}]"
+            name = target.id + part
             raw = lines[node.lineno - 1].encode()  # ast's columns count UTF-8 bytes
             old_text = raw[node.col_offset : node.end_col_offset].decode()
             for new in _steps(value):
@@ -181,7 +197,9 @@ class OfflineProposer:
         """(description, child source) in this seed's order for this parent; may not compile.
         With `profile`, the model size and batch of that profile's row are stepped too."""
         rng = random.Random(f"{self.seed}:{hashlib.sha256(source.encode()).hexdigest()}")
-        steps = hyperparameter_steps(source) + (profile_steps(source, profile) if profile else [])
+        steps = hyperparameter_steps(source, profile) + (
+            profile_steps(source, profile) if profile else []
+        )
         singles: list[tuple[str, Callable[[], str]]] = [
             (d, lambda old=old, new=new: source.replace(old, new))
             for d, old, new in KNOWN_EDITS if source.count(old) == 1

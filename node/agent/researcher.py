@@ -236,7 +236,8 @@ class Researcher:
 
     def _speculate(self) -> None:
         """Research ahead of the evidence: from the adopted head, move to another peer's claim on
-        it that the looks so far favour (a pooled gain above zero, still open or held), so that
+        it that the looks so far favour (a pooled gain above zero, still open or held; before
+        any look, the author's claimed gain, when of the size verified on the profile), so that
         the next win is found while this one is being verified; a claim that then fails takes
         the node back to the adopted head. Its own kept chain goes first. Adoption, the head
         and every "best" still read verified claims alone."""
@@ -262,6 +263,14 @@ class Researcher:
             and self._favour(r, judged[r["id"]]) > 0 and self.ledger.version(r["child"]) is not None
             and (self.trusted is None or self.trusted(r["author"]))
         ]  # fmt: skip
+        # Before any look, an author is taken at its word only for a gain of the size verified
+        # on the profile (the hold's scale): a claim of a huge gain would draw every node onto
+        # a stranger's code.
+        record = max(
+            (j.gain for j in judged.values() if j.state == "verified" and j.gain), default=0.0
+        )
+        favoured = [r for r in favoured
+                    if judged[r["id"]].seeds or self._favour(r, judged[r["id"]]) <= consensus.HOLD_FACTOR * record]  # fmt: skip
         if favoured:  # standing costs a judgement of every claim: only when there is a choice
             skip = silenced(ledger_standing(self.ledger))
             favoured = [r for r in favoured if r["author"] not in skip]
