@@ -320,7 +320,7 @@ BODIES: dict[str, Check] = {
         {
             "count": _uint(),  # facts held in this campaign
             "digest": _hex64,  # sha256 of the sorted ids of those facts
-            "bins": _bins,  # per bin of authors, a digest of the seq up to which each is held
+            "bins": _bins,  # per bin of authors, a digest of the seqs up to which each is held
             "best": _map_of(_profile, _hex64, 16),  # best verified train.py per profile
         }
     ),

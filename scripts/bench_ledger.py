@@ -164,7 +164,7 @@ def main() -> int:
         ms, body = timed(lambda: book.head_body(), repeat=3)
         size = len(msgpack.packb(body, use_bin_type=True))
         print(f"head fact body                   {ms:7.1f} ms  ({size:,} bytes, "
-              f"{len(body['authors'])} authors)")  # fmt: skip
+              f"{len(book.head_authors())} authors in its bins)")  # fmt: skip
     with Ledger(path, readonly=True) as book:
         print(f"  {book.summary()['facts']}")
         ms, board = timed(lambda: book.leaderboard(quorum=1))
