@@ -354,13 +354,12 @@ class Researcher:
             (self.me.peer_id,))}  # fmt: skip
         steps = [r for r in self._lineage() if r["author"] != self.me.peer_id
                  and mine.get(r["id"], 0) < evidence.PEER_CAP and r["id"] in judged]  # fmt: skip
-        if not steps:
+        replays = {r["id"]: self._replay_seed(r) for r in steps}
+        due = [r for r in steps if replays[r["id"]] is not None] or ([] if replays_only else steps)
+        if not due:
             return None
-        claim = min(steps, key=lambda r: (self._replay_seed(r) is None, judged[r["id"]].seeds,
-                                          r["id"]))  # fmt: skip
-        if replays_only and self._replay_seed(claim) is None:
-            return None
-        return self._look(claim, "audit")
+        claim = min(due, key=lambda r: (judged[r["id"]].seeds, r["id"]))
+        return self._look(claim, "audit", replays[claim["id"]])
 
     def _device(self) -> str:
         """This node's device class, as its latest run on the profile recorded it."""
@@ -441,7 +440,7 @@ class Researcher:
     def step(self) -> Step | Verified:
         """One experiment: the look at a newly adopted head's claim (its re-score), else a look
         at a claim on the adopted head (or the one it researches ahead from: `_speculate`) this
-        node was drawn to judge (`_on_duty`), else a replay of a look nobody replayed at a step
+        node was drawn to judge (`_drawn`), else a replay of a look nobody replayed at a step
         of the head's lineage, else every AUDIT_EVERY-th step an audit of the head's lineage,
         else a verification of a peer's claim (every `verify_every`-th step, when one is open),
         else a research step from the head, else (when the proposer has nothing, or its model
@@ -461,9 +460,8 @@ class Researcher:
             looked, self.rescored = self.rescored, None
             return looked
         if self.verify_every:  # a claim on the adopted head this node was drawn to judge
-            due = [c for c in claims if c["parent"] in (self.adopted, self.head.sha256)
-                   and self._on_duty(c)]  # fmt: skip
-            for claim in due[:1]:
+            on_head = [c for c in claims if c["parent"] in (self.adopted, self.head.sha256)]
+            for claim in self._drawn(on_head)[:1]:
                 looked = self._look(claim, "verify")
                 if looked is not None:
                     return looked
@@ -522,20 +520,22 @@ class Researcher:
             ]  # fmt: skip
         return claims[:limit]
 
-    def _on_duty(self, claim: dict) -> bool:
-        """Whether this node is drawn to judge `claim` at once: on its committee (in a campaign
-        with members, the only claims `_open_claims` gives), else among the first of the
-        committee's size by the same hash over the peers active in the last ACTIVE_MS, this
-        one included. Nobody picks them, and they look in parallel at the next step."""
+    def _drawn(self, claims: list) -> list:
+        """The claims this node is drawn to judge at once: those whose committee it sits on (in
+        a campaign with members, the only claims `_open_claims` gives), else those where it is
+        among the first of the committee's size by the same hash over the peers active in the
+        last ACTIVE_MS, this one included. Nobody picks them, and they look in parallel at the
+        next step."""
         rules = self.ledger.rules(self.profile.name, self.quorum)
-        if rules.members is not None:
-            return True
+        if rules.members is not None or not claims:
+            return claims
         rows = self.ledger.rows(
             "SELECT peer_id FROM peers WHERE last_seen >= ?", (self.ledger.clock() - ACTIVE_MS,)
         )
         active = {r["peer_id"] for r in rows} | {self.me.peer_id}
-        drawn = consensus.committee(claim["id"], claim["author"], active, rules.committee_size)
-        return self.me.peer_id in drawn
+        size = rules.committee_size
+        return [c for c in claims
+                if self.me.peer_id in consensus.committee(c["id"], c["author"], active, size)]  # fmt: skip
 
     def _verify_one(self) -> Verified | None:
         busy = self.crew.in_hand("verify")  # claims another worker of this node is verifying
@@ -561,7 +561,7 @@ class Researcher:
         )[0]["n"]
         return done < rules.committee_size
 
-    def _look(self, claim: dict, why: str) -> Verified | None:
+    def _look(self, claim: dict, why: str, replay: int | None = None) -> Verified | None:
         """One look at a claim (a verification, an adopter's re-score, an audit), published:
         the child on this node's next seed for it, paired with its own score of the parent.
         Verifications also replay the author's seed (`verify_claim`), until a committee's worth
@@ -570,8 +570,8 @@ class Researcher:
         seed of another peer's look that nobody replayed yet, and a verification on a contested
         one, when there is one (`_replay_seed`): a look no run stands behind is then
         contradicted. Otherwise a re-score's seed is the first this node pairs the adopted head
-        with, so that the look costs one run of the parent. None when another worker has it or
-        it cannot run here."""
+        with, so that the look costs one run of the parent. `replay`: the seed to replay, when
+        the caller found it already. None when another worker has it or it cannot run here."""
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
         if not self.crew.take("verify", claim["id"]):
             return None
@@ -584,8 +584,9 @@ class Researcher:
         seed = self.seeds(claim["parent"], looks + 1)[looks]
         if why == "re-score":
             seed = self.seeds(claim["child"])[0]
-        # A verification decides a contested report first; a re-score or an audit replays any.
-        replay = self._replay_seed(claim, contested_only=why == "verify")
+        if replay is None:  # a verification decides a contested report first; a re-score or
+            # an audit replays any
+            replay = self._replay_seed(claim, contested_only=why == "verify")
         seed = seed if replay is None else replay
         try:
             verified = verify_claim(

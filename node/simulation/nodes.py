@@ -10,19 +10,17 @@ flatters it, confirms its partners' claims with made-up looks and refutes honest
 from __future__ import annotations
 
 import hashlib
-import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from node import consensus, wire
+from node import consensus, evidence, wire
 from node.agent.errors import ProposalRefused
 from node.agent.loop import Head, Step, research_step
 from node.agent.patch import diff_hash, make_diff, normalise_diff
 from node.agent.proposers import Context, Proposal
 from node.agent.researcher import Researcher
-from node.agent.verifier import claimed_pairs
 from node.evidence import Judgement
 from node.identity import Identity
 from node.ledger import Ledger
@@ -87,16 +85,10 @@ class Trusting(Researcher):
         kept = consensus.versions_of(results, self.profile.name, self.harness)
         judged = {}
         for r in kept:
-            gain = claimed_gain(r)
-            if gain is not None and gain > 0:
-                judged[r["id"]] = Judgement("verified", gain=gain, se=0.0, seeds=1)
+            claimed = evidence.claimed_gain(r)
+            if claimed is not None and claimed[0] > 0:
+                judged[r["id"]] = Judgement("verified", gain=claimed[0], se=0.0, seeds=1)
         return consensus.head_of(consensus.lineage_scores(kept, judged, self.baseline))
-
-
-def claimed_gain(result: dict) -> float | None:
-    """The author's own mean paired gain of a result (parent minus child), from its signed pairs."""
-    pairs = claimed_pairs(result)
-    return statistics.fmean(p - c for _, c, p in pairs) if pairs else None
 
 
 class SimNode:
