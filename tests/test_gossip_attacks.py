@@ -1,0 +1,73 @@
+"""Strangers attacking a node's network face, each attack from a process of its own
+(`scripts/attack_gossip.py`), on 127.0.0.1 only: the node stays reachable at the address it
+printed, its memory stays within stated bounds, and what the attacker did is counted against it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import wait_until
+from test_gossip import CAMPAIGN, LOOPBACK, ROOT, Node
+
+ATTACK = ROOT / "scripts" / "attack_gossip.py"
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Callable[..., Node]]:
+    """Start `swarm peer` processes (killed at the end): nodes("a", "--bootstrap", addr)."""
+    started: list[Node] = []
+
+    def start(name: str, *args: str) -> Node:
+        node = Node(tmp_path / name, ["peer", "--campaign", CAMPAIGN, "--listen", LOOPBACK, *args])
+        started.append(node)
+        return node
+
+    try:
+        yield start
+    finally:
+        for node in started:
+            node.stop()
+
+
+def attack(tmp_path: Path, *args: str, timeout: float = 180) -> list[str]:
+    """Run one attack to its end; its output lines."""
+    run = subprocess.run([sys.executable, str(ATTACK), *args], capture_output=True, text=True,
+                         cwd=ROOT, timeout=timeout)  # fmt: skip
+    (tmp_path / f"attack-{args[0]}.log").write_text(run.stdout + run.stderr)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.splitlines()
+
+
+def _meet_and_gossip(a: Node, b: Node) -> None:
+    wait_until(
+        lambda: a.peer_id in b.connected(), "the honest peer to connect to the printed address"
+    )
+    facts = {a.publish(1), b.publish(1)}
+    wait_until(lambda: facts <= a.results() and facts <= b.results(), "facts to flow both ways")
+
+
+def test_malformed_meshsub_frames_from_fresh_keys_leave_the_printed_address_serving(
+    nodes, tmp_path: Path
+) -> None:
+    a = nodes("a")
+    lines = attack(tmp_path, "junk", a.addr, "--senders", "5")
+    junkers = {line.split()[1]: line.split()[2] for line in lines if line.startswith("junker ")}
+    # Every fresh key reached the printed address, the earlier ones' junk notwithstanding.
+    assert {line.split()[1] for line in lines if line.startswith("connected ")} == set(junkers), (
+        lines
+    )
+    sent = {junkers[line.split()[1]] for line in lines if line.startswith("sent ")}
+    assert len(sent) >= 4, lines
+    wait_until(lambda: sent <= set(a.status()["banned"]), "the node to ban every junk sender")
+    status = a.status()
+    assert a.proc.poll() is None
+    assert status["counts"]["restarts"] == 0, (a.home / "node.log").read_text()[-3000:]
+    assert status["counts"]["junk"] >= 5
+    assert status["addrs"][0] == a.addr
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)
