@@ -28,6 +28,26 @@ _PB_ED25519_PRIVATE = bytes([0x08, 0x01, 0x12, SEED_SIZE + PUBLIC_KEY_SIZE])  # 
 _PB_ED25519_SEED_ONLY = bytes([0x08, 0x01, 0x12, SEED_SIZE])  # what some libraries write
 _IDENTITY_MULTIHASH = 0x00  # keys whose protobuf is <= 42 bytes are inlined, not hashed
 
+# Ed25519's group: points y < FIELD_PRIME (a sign bit for x on top), scalars below GROUP_ORDER.
+FIELD_PRIME = 2**255 - 19
+GROUP_ORDER = 2**252 + 27742317777372353535851937790883648493
+# The eight points of small order (1, 2, 4 and 8), as 32-byte encodings, plus the two that spell
+# x = 0 with the sign bit set (the identity and the point of order 2 once more). A key or a
+# signature's R among them lets one signature verify for many messages (the identity key with
+# R = identity and S = 0 verifies for all); `cryptography` (OpenSSL) accepts them.
+_SMALL_ORDER = frozenset(bytes.fromhex(h) for h in (
+    "0100000000000000000000000000000000000000000000000000000000000000",  # identity
+    "0100000000000000000000000000000000000000000000000000000000000080",  # identity, x = -0
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",  # (0, -1), order 2
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",  # the same, x = -0
+    "0000000000000000000000000000000000000000000000000000000000000000",  # (+-sqrt(-1), 0), 4
+    "0000000000000000000000000000000000000000000000000000000000000080",
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",  # order 8
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",
+))  # fmt: skip
+
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _B58_INDEX = {c: i for i, c in enumerate(_B58_ALPHABET)}
 
@@ -75,11 +95,42 @@ def public_key_from_peer_id(peer_id: str) -> bytes:
     prefix += _PB_ED25519_PUBLIC
     if len(raw) != len(prefix) + PUBLIC_KEY_SIZE or not raw.startswith(prefix):
         raise IdentityError(f"{peer_id!r} is not the peer id of an Ed25519 key")
-    return raw[len(prefix) :]
+    key = raw[len(prefix) :]
+    if problem := point_problem(key):
+        raise IdentityError(f"{peer_id!r} names a weak Ed25519 key: {problem}")
+    return key
+
+
+def point_problem(encoding: bytes) -> str | None:
+    """Why a 32-byte Ed25519 point encoding (a public key, a signature's R) must not be trusted:
+    y not below the field prime (a second spelling of another point), or a point of small
+    order; None for a sound one."""
+    if not isinstance(encoding, bytes) or len(encoding) != PUBLIC_KEY_SIZE:
+        return "not 32 bytes"
+    if int.from_bytes(encoding, "little") & ((1 << 255) - 1) >= FIELD_PRIME:
+        return "a non-canonical encoding (y >= 2^255 - 19)"
+    if encoding in _SMALL_ORDER:
+        return "a point of small order"
+    return None
+
+
+def signature_problem(signature: bytes) -> str | None:
+    """Why a 64-byte Ed25519 signature (R, S) must not be trusted whatever it signs: a weak R,
+    or S not below the group order (a malleated copy of another signature); None if sound."""
+    if not isinstance(signature, bytes) or len(signature) != SIGNATURE_SIZE:
+        return f"not {SIGNATURE_SIZE} bytes"
+    if problem := point_problem(signature[:32]):
+        return f"R is {problem}"
+    if int.from_bytes(signature[32:], "little") >= GROUP_ORDER:
+        return "S is not below the group order"
+    return None
 
 
 def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> bool:
-    """True when `signature` is `public_key`'s Ed25519 signature of `message`; never raises."""
+    """True when `signature` is `public_key`'s Ed25519 signature of `message`; never raises.
+    A weak key or signature (`point_problem`, `signature_problem`) verifies nothing."""
+    if point_problem(public_key) or signature_problem(signature):
+        return False
     try:
         Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
     except (InvalidSignature, ValueError, TypeError):

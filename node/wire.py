@@ -19,7 +19,13 @@ from typing import Any
 import msgpack
 
 from node.errors import SwarmError
-from node.identity import Identity, peer_id_from_public_key, verify_signature
+from node.identity import (
+    Identity,
+    peer_id_from_public_key,
+    point_problem,
+    signature_problem,
+    verify_signature,
+)
 
 VERSION = 1
 # One hard limit per kind, on the whole signed envelope. Gossip stays small (a few KB); the diff
@@ -78,6 +84,7 @@ class Reason(str, Enum):
     future_time = "future_time"
     malformed = "malformed"
     impostor = "impostor"  # a campaign fact signed by another key than the campaign's organiser
+    weak_key = "weak_key"  # a key of small order or not canonically encoded: it proves nothing
 
 
 @dataclass(frozen=True)
@@ -196,9 +203,11 @@ def _choice(*values: str) -> Check:
 
 
 def _key32(value: Any, where: str) -> Problem | None:
-    if isinstance(value, bytes) and len(value) == 32:
-        return None
-    return _bad(where, "expected a 32-byte Ed25519 public key")
+    if not (isinstance(value, bytes) and len(value) == 32):
+        return _bad(where, "expected a 32-byte Ed25519 public key")
+    if problem := point_problem(value):
+        return Reason.weak_key, f"{where}: {problem}"
+    return None
 
 
 def _bins(value: Any, where: str) -> Problem | None:
@@ -414,6 +423,8 @@ def _decode(raw: Any, campaign: str | None, now_ms: int | None) -> Fact | Reject
     if canonical(envelope) != raw:
         return Rejection(Reason.malformed, "not canonical msgpack", author)
     sig = envelope.pop("sig")
+    if problem := signature_problem(sig):
+        return Rejection(Reason.bad_signature, problem, author)
     if not verify_signature(author, sig, canonical(envelope)):
         return Rejection(
             Reason.bad_signature, f"not signed by {peer_id_from_public_key(author)}", author

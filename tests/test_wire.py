@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node import wire
-from node.identity import Identity
+from node.identity import GROUP_ORDER, Identity
 from node.wire import Reason
 
 _spec = importlib.util.spec_from_file_location(
@@ -211,6 +211,34 @@ def test_forged_signature_is_rejected(alice, bob):
     env["sig"] = bob.sign(wire.canonical({k: v for k, v in env.items() if k != "sig"}))
     out = wire.decode(wire.canonical(env), CAMPAIGN, now_ms=T0)
     assert out.reason is Reason.bad_signature
+
+
+def test_a_fact_by_the_identity_key_is_rejected_and_never_stored(alice, tmp_path):
+    from node.ledger import Ledger
+
+    identity_point = bytes([1]) + bytes(31)
+    env = _envelope(make_result(alice, 1, "00" * 32, "11" * 32, 1.5))
+    env.update(author=identity_point, sig=identity_point + bytes(32))  # R = identity, S = 0
+    out = wire.decode(wire.canonical(env), CAMPAIGN, now_ms=T0)
+    assert out.reason is Reason.weak_key and "small order" in out.detail
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
+        assert isinstance(ledger.ingest(wire.canonical(env), now_ms=T0), wire.Rejection)
+        assert ledger.rows("SELECT COUNT(*) AS n FROM facts")[0]["n"] == 0
+
+
+def test_a_weak_member_key_or_a_malleated_signature_is_rejected(alice):
+    fact = make_result(alice, 1, "00" * 32, "11" * 32, 1.5)
+    env = _envelope(fact)
+    s = int.from_bytes(fact.sig[32:], "little") + GROUP_ORDER
+    env["sig"] = fact.sig[:32] + s.to_bytes(32, "little")  # verifies under a lax check
+    out = wire.decode(wire.canonical(env), CAMPAIGN, now_ms=T0)
+    assert out.reason is Reason.bad_signature and "group order" in out.detail
+    body = wire.campaign_body(
+        name=CAMPAIGN, organiser=alice.public_key, program=b"# go", baseline="00" * 32,
+        profiles=["cpu"], members=[alice.public_key, bytes(32)],  # (sqrt(-1), 0): order 4
+    )  # fmt: skip
+    with pytest.raises(wire.WireError, match="small order"):
+        wire.sign(alice, "campaign", CAMPAIGN, 1, body, T0)
 
 
 def test_changing_a_signed_number_breaks_the_signature(alice):
