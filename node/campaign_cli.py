@@ -22,6 +22,7 @@ from node.cli_shared import (
     status_line,
 )
 from node.errors import SwarmError
+from node.safe_text import safe_text
 
 
 def campaign_from_peer(home: Path, peers: list[str], sha256: str):
@@ -158,5 +159,6 @@ def campaign_show(
         return
     table = Table(title=f"campaign {campaign.name} (signature and hashes check out)", show_header=False)
     for key, value in info.items():
-        table.add_row(key, json.dumps(value) if isinstance(value, (list, dict)) else str(value))
+        shown = json.dumps(value) if isinstance(value, (list, dict)) else value
+        table.add_row(key, safe_text(shown))  # an organiser's words, e.g. in `data`
     console.print(table)

@@ -31,6 +31,7 @@ from node.cli_shared import (
     status_line,
 )
 from node.errors import SwarmError
+from node.safe_text import install_safe_logging, safe_text
 
 app = typer.Typer(
     help="research-swarm: autonomous research agents that improve a training script together.",
@@ -302,7 +303,8 @@ def _print_standing(rows: list[dict]) -> None:
     for s in rows:
         refused = ", ".join(f"{k} {v}" for k, v in sorted(s["offences"].items())) or "-"
         table.add_row(s["peer"][-12:], s["status"], f"{s['verified']} of {s['claims']}",
-                      f"{s['outlying']} of {s['looks'] + s['outlying']}", refused, "; ".join(s["reasons"]) or "-")
+                      f"{s['outlying']} of {s['looks'] + s['outlying']}", safe_text(refused),
+                      safe_text("; ".join(s["reasons"]) or "-"))
     console.print(table)
 
 
@@ -380,7 +382,8 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     for worker in status["workers"]:
         table = Table(title=f"{worker['worker']} ({worker.get('profile')})", show_header=False)
         progress = worker.get("progress")
-        table.add_row("doing", str(worker.get("doing")) + (f"  {progress:.0%}" if progress is not None else ""))
+        doing = safe_text(worker.get("doing"))  # it may quote a peer's description
+        table.add_row("doing", doing + (f"  {progress:.0%}" if progress is not None else ""))
         table.add_row("head", f"{(worker.get('head') or '-')[:16]}  val_bpb {worker.get('head_val_bpb') or '-'}")
         sigma, df = worker.get("sigma"), worker.get("sigma_df")
         noise = f"{worker.get('margin'):.4f}" if isinstance(worker.get("margin"), float) else "-"
@@ -397,7 +400,8 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
                       f"({network['peer_id']})")
         for s in network.get("standing", []):  # why a peer's facts are dropped: `swarm peers` has the rest
             if s["status"] == "silenced":
-                console.print(f"silenced {s['peer']}: {'; '.join(s['reasons'])}", highlight=False)
+                why = safe_text("; ".join(s["reasons"]))
+                console.print(f"silenced {s['peer']}: {why}", highlight=False)
     ledger = status["ledger"]
     if ledger:
         console.print(f"ledger: {ledger.get('path')}: " + ", ".join(
@@ -475,6 +479,7 @@ def _local_summary(result: dict) -> None:
 
 def main() -> None:
     """Entry point of the `swarm` console script."""
+    install_safe_logging()
     try:
         code = app(standalone_mode=False)
     except NoArgsIsHelpError as exc:
@@ -488,7 +493,7 @@ def main() -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except SwarmError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {safe_text(exc)}", highlight=False)
         sys.exit(1)
     except KeyboardInterrupt:
         err_console.print("interrupted")

@@ -24,6 +24,7 @@ from node import identity as ident
 from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import Ledger, LedgerError, ledger_path
+from node.safe_text import safe_text
 
 console = Console()
 
@@ -235,7 +236,9 @@ def experiments(
     for name in columns:
         table.add_column(name, overflow="fold" if name == "description" else "ellipsis")
     for r in rows:
-        described = r["description"] + (f"\n{r['held']}" if r["held"] else "")
+        described = safe_text(r["description"])
+        if r["held"]:
+            described += f"\n{safe_text(r['held'])}"
         table.add_row(
             _when(r["time"]), _peer(r["author"]), r["profile"], r["outcome"], _bpb(r["val_bpb"]),
             _short(r["child"]), str(r["confirmations"]), str(r["refutations"]),
@@ -280,12 +283,12 @@ def leaderboard(
             table.add_row(
                 str(rank), f"{r['score']:+.4f} ± {r['se']:.4f}", f"{r['gain']:.4f} ({r['seeds']} seeds)",
                 _short(r["child"]), _peer(r["found_by"]), ", ".join(_peer(p) for p in r["verified_by"]),
-                r["description"],
+                safe_text(r["description"]),
             )  # fmt: skip
         for r in held.get(profile, []):
             table.add_row(
                 "held", "-", f"{r['gain']:.4f}", _short(r["child"]), _peer(r["author"]), "-",
-                f"{r['description']}\n{r['reason']}",
+                f"{safe_text(r['description'])}\n{safe_text(r['reason'])}",
             )  # fmt: skip
         console.print(table)
 
@@ -316,7 +319,7 @@ def lineage(
         table.add_row(
             _short(s["child"]), _bpb(s["val_bpb"]), _bpb(s["delta"], True),
             _bpb(s["verified_delta"], True), str(s["confirmations"]), f"{s['diff_size']} B",
-            _peer(s["author"]), s["description"],
+            _peer(s["author"]), safe_text(s["description"]),
         )  # fmt: skip
     console.print(table)
 
@@ -374,7 +377,8 @@ def show(
     table.add_row("seq", str(env.get("seq")))
     table.add_row("time", _when(env.get("time")))
     table.add_row("received", _when(info["received"]))
-    table.add_row("body", json.dumps(_jsonable(env.get("body")), indent=2, sort_keys=True))
+    body = json.dumps(_jsonable(env.get("body")), indent=2, sort_keys=True, ensure_ascii=False)
+    table.add_row("body", safe_text(body, keep="\n"))
     console.print(table)
 
 
@@ -416,8 +420,8 @@ def export(
         writer.writeheader()
         writer.writerows(rows)
         text = buf.getvalue()
-    if output is None:
-        sys.stdout.write(text)
+    if output is None:  # a terminal shows a peer's text, a pipe or a file gets it as it is
+        sys.stdout.write(safe_text(text, markup=False, keep="\n") if sys.stdout.isatty() else text)
     else:
         try:
             output.write_text(text)

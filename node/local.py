@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node.errors import SwarmError
+from node.safe_text import safe_text
 
 ADDRESS = re.compile(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)")
 STOP_SECONDS = 60  # a node ends its run in flight and exits within this after SIGINT
@@ -241,7 +242,8 @@ def status_table(rows: list[dict], left: float):
         outcomes = r.get("outcomes") or {}
         progress = r.get("progress")
         table.add_row(
-            r["node"], r.get("doing", ""), f"{progress:.0%}" if isinstance(progress, float) else "",
+            r["node"], safe_text(r.get("doing", "")),
+            f"{progress:.0%}" if isinstance(progress, float) else "",
             f"{r['head_val_bpb']:.4f}" if r.get("head_val_bpb") else "",
             f"{r['margin']:.4f}" if r.get("margin") else "",
             "/".join(str(outcomes.get(o, 0)) for o in ("keep", "discard", "crash", "void")),
@@ -255,7 +257,7 @@ def progress_line(rows: list[dict], left: float) -> str:
     parts = []
     for r in rows:
         bpb = f" {r['head_val_bpb']:.4f}" if r.get("head_val_bpb") else ""
-        parts.append(f"{r['node']}: {r.get('doing', '')[:48]}{bpb}")
+        parts.append(f"{r['node']}: {safe_text(r.get('doing', ''), markup=False)[:48]}{bpb}")
     return f"[{max(0, left) / 60:4.1f} min left] " + " | ".join(parts)
 
 

@@ -22,6 +22,7 @@ from node import consensus, evidence
 from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import Ledger, LedgerError, ledger_path
+from node.safe_text import safe_text
 
 PNG_FILE, HTML_FILE = "report.png", "report.html"
 BOARD_LIMIT = 10  # versions shown per profile on the leaderboard
@@ -260,9 +261,10 @@ def _png(fig) -> bytes:
 # ---------------------------------------------------------------- the page
 
 
-def _e(value: object) -> str:
-    """Escaped for HTML text and attribute values: nothing from a fact is ever markup."""
-    return html.escape(str(value), quote=True)
+def _e(value: object, keep: str = "") -> str:
+    """Escaped for HTML text and attribute values: nothing from a fact is ever markup, and its
+    control and bidi characters are shown as escapes (`safe_text`), never acted on."""
+    return html.escape(safe_text(value, markup=False, keep=keep), quote=True)
 
 
 def _utc(ms: int) -> datetime:
@@ -306,7 +308,8 @@ def _diff_html(diff: str) -> str:
     for line in diff.splitlines():
         kind = "add" if line.startswith("+") else "del" if line.startswith("-") else ""
         kind = "hunk" if line.startswith("@@") else "" if line.startswith(("+++", "---")) else kind
-        lines.append(f'<span class="{kind}">{_e(line)}</span>' if kind else _e(line))
+        shown = _e(line, keep="\t")  # a tab in a diff is the code's own
+        lines.append(f'<span class="{kind}">{shown}</span>' if kind else shown)
     return "<pre>" + "\n".join(lines) + "</pre>"
 
 
