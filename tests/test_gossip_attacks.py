@@ -71,3 +71,23 @@ def test_malformed_meshsub_frames_from_fresh_keys_leave_the_printed_address_serv
     assert status["addrs"][0] == a.addr
     b = nodes("b", "--bootstrap", a.addr)
     _meet_and_gossip(a, b)
+
+
+def _kib(node: Node, field: str) -> int:
+    for line in Path(f"/proc/{node.proc.pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+def test_a_1_gib_multistream_prefix_before_the_handshake_is_not_buffered(nodes, tmp_path) -> None:
+    a = nodes("a")
+    before = _kib(a, "VmRSS")
+    lines = attack(tmp_path, "mss-prefix", a.addr, "--connections", "4", "--mib", "48")
+    sent = int(lines[-1].split()[1])
+    # Refused at the prefix: the node closes each socket after what the kernel buffers took.
+    assert sent < 4 * 48 / 2, lines
+    grown = (_kib(a, "VmHWM") - before) / 1024
+    assert grown < 24, f"peak RSS grew {grown:.0f} MiB under {sent} MiB of prefixed junk"
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)

@@ -34,7 +34,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from node import standing, wire
 from node.errors import SwarmError
-from node.gossip import protocols
+from node.gossip import guards, protocols
 from node.gossip.limits import Limits, PeerBook
 from node.identity import Identity, peer_id_from_public_key
 from node.ledger import Ledger
@@ -304,6 +304,7 @@ class GossipNode:
             await trio.sleep(backoff)
 
     async def _run_host(self) -> None:
+        guards.install()
         host = new_host(key_pair=create_new_key_pair(self.identity.seed), muxer_preference="YAMUX",
                         listen_addrs=[self.listen])  # fmt: skip
         router = GossipSub(
