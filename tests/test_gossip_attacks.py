@@ -5,6 +5,7 @@ printed, its memory stays within stated bounds, and what the attacker did is cou
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -36,8 +37,9 @@ def nodes(tmp_path: Path) -> Iterator[Callable[..., Node]]:
 
 def attack(tmp_path: Path, *args: str, timeout: float = 180) -> list[str]:
     """Run one attack to its end; its output lines."""
+    env = {**os.environ, "ATTACK_SECONDS": "6"}  # how long a connected attacker goes on
     run = subprocess.run([sys.executable, str(ATTACK), *args], capture_output=True, text=True,
-                         cwd=ROOT, timeout=timeout)  # fmt: skip
+                         cwd=ROOT, timeout=timeout, env=env)  # fmt: skip
     (tmp_path / f"attack-{args[0]}.log").write_text(run.stdout + run.stderr)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout.splitlines()
@@ -89,5 +91,39 @@ def test_a_1_gib_multistream_prefix_before_the_handshake_is_not_buffered(nodes, 
     assert sent < 4 * 48 / 2, lines
     grown = (_kib(a, "VmHWM") - before) / 1024
     assert grown < 24, f"peak RSS grew {grown:.0f} MiB under {sent} MiB of prefixed junk"
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)
+
+
+def _attacker(lines: list[str]) -> str:
+    return next(line.split()[1] for line in lines if line.startswith("attacker "))
+
+
+def test_streams_over_the_per_connection_cap_are_refused_and_counted(nodes, tmp_path) -> None:
+    a = nodes("a")
+    lines = attack(tmp_path, "streams", a.addr, "--streams", "96", "--kind", "open")
+    opened = int(lines[-1].split()[1])
+    assert opened <= 32, lines  # Limits.max_conn_streams
+    counts = a.status()["counts"]
+    assert counts["streams_refused"] >= 96 - 32 - 2, counts  # identify may hold one or two
+    wait_until(lambda: _attacker(lines) in a.status()["banned"], "the stream hog to be banned")
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)
+
+
+def test_frames_announcing_1_gib_and_bytes_past_the_yamux_window_are_bounded_and_banned(
+    nodes, tmp_path
+) -> None:
+    a = nodes("a")
+    before = _kib(a, "VmRSS")
+    frames = attack(tmp_path, "streams", a.addr, "--streams", "64", "--mib", "4")
+    window = attack(tmp_path, "streams", a.addr, "--mib", "256", "--kind", "window")
+    assert int(window[-1].split()[4]) >= 64, window  # the raw frames went out unthrottled
+    grown = (_kib(a, "VmHWM") - before) / 1024
+    assert grown < 24, f"peak RSS grew {grown:.0f} MiB"
+    counts = a.status()["counts"]
+    assert counts["junk"] >= 1 and counts["window_exceeded"] >= 1, counts
+    banned = set(a.status()["banned"])
+    assert {_attacker(frames), _attacker(window)} <= banned
     b = nodes("b", "--bootstrap", a.addr)
     _meet_and_gossip(a, b)

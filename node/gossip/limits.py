@@ -34,6 +34,8 @@ class Limits:
     resync_every: float = 30.0  # anti-entropy with a random peer, for partitions that healed
     max_blob: int = 8 << 20  # a version or diff fetched by hash
     max_streams: int = 2  # our protocol's streams one peer may have open at once, per protocol
+    max_conn_streams: int = 32  # inbound streams open at once on one connection, all protocols
+    stream_penalty: float = 1.0  # a stream over that cap (refused)
     sync_gap: float = 2.0  # seconds between two syncs we serve to one peer (each costs a query)
     standing_every: float = 2.0  # seconds between two judgements of every peer's standing
 

@@ -45,7 +45,7 @@ _SIGNED_REASONS = (wire.Reason.replay, wire.Reason.seq_backwards, wire.Reason.fu
 _CAMPAIGN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # as wire.decode checks it
 # What the gossip layer refuses before the ledger sees it; recorded in the ledger's rejections so
 # that standing, unlike a ban, survives a restart.
-_OFFENCES = ("flood", "junk", "libp2p_signature", "protocol")
+_OFFENCES = ("flood", "junk", "libp2p_signature", "protocol", "streams", "window")
 _MAX_STANDING_SHOWN = 64  # peers listed in the status file, silenced ones first
 
 
@@ -264,8 +264,8 @@ class GossipNode:
         self.listen = parse_multiaddr(config.listen)
         self.topic = topic_for(config.campaign) if config.campaign else None
         self.counts = dict.fromkeys(("accepted", "rejected", "published", "synced", "fetched",
-                                     "rate_limited", "junk", "dropped", "restarts", "dials_failed"),
-                                    0)  # fmt: skip
+                                     "rate_limited", "junk", "dropped", "restarts", "dials_failed",
+                                     "streams_refused", "window_exceeded"), 0)  # fmt: skip
         self.standing: dict[str, standing.Standing] = {}
         self.silenced: set[str] = set()  # peers that lost standing
         self.banned: set[str] = set()  # of those, banned for refused messages: facts dropped
@@ -305,8 +305,12 @@ class GossipNode:
 
     async def _run_host(self) -> None:
         guards.install()
+        guards.on_window_exceeded = self._on_window_exceeded
+        guards.on_oversized_frame = self._on_oversized_frame
         host = new_host(key_pair=create_new_key_pair(self.identity.seed), muxer_preference="YAMUX",
                         listen_addrs=[self.listen])  # fmt: skip
+        network = host.get_network()
+        network.set_stream_handler(self._capped_streams(network.common_stream_handler))
         router = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
             heartbeat_interval=1, adaptive_gossip_enabled=False, spam_protection_enabled=False,
@@ -397,6 +401,39 @@ class GossipNode:
             self._penalise(peer_id.to_base58(), self.limits.junk_penalty, "junk")
         else:  # maybe the library's own bug: a point, but not held against its standing
             self._penalise(peer_id.to_base58(), self.limits.invalid_penalty, "odd message")
+
+    def _capped_streams(self, handler: Any) -> Any:
+        """The host's handler of inbound streams, refusing those over `max_conn_streams` open
+        at once on one connection (0.8.1 has no such cap: one handshake bought 128 streams)."""
+        open_streams: dict[int, int] = {}  # id of a muxed connection -> its streams open now
+
+        async def run(stream: Any) -> None:
+            conn = stream.muxed_conn
+            key = id(conn)
+            if open_streams.get(key, 0) >= self.limits.max_conn_streams:
+                self.counts["streams_refused"] += 1
+                self._penalise(conn.peer_id.to_base58(), self.limits.stream_penalty, "streams")
+                try:
+                    await stream.reset()
+                except Exception:
+                    pass
+                return
+            open_streams[key] = open_streams.get(key, 0) + 1
+            try:
+                await handler(stream)
+            finally:
+                open_streams[key] -= 1
+                if not open_streams[key]:
+                    del open_streams[key]
+
+        return run
+
+    def _on_oversized_frame(self, peer_id: ID) -> None:
+        self._on_junk(peer_id, ValueError("a GossipSub frame over the size limit"))
+
+    def _on_window_exceeded(self, peer_id: ID) -> None:
+        self.counts["window_exceeded"] += 1
+        self._penalise(peer_id.to_base58(), self.limits.junk_penalty, "window")
 
     def reject(self, rejection: wire.Rejection, deliverer: str) -> None:
         """Count a refused fact and charge whoever is to blame for it."""
