@@ -294,6 +294,24 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
         console.print(f"  {peer}")
     if status.get("standing"):
         _print_standing(status["standing"])
+    if status.get("drops") or status.get("bad_sources"):
+        _print_drops(status.get("drops", []), set(status.get("bad_sources", [])))
+
+
+def _print_drops(rows: list[dict], bad_sources: set[str]) -> None:
+    """Messages dropped unread, by the peer they are counted against; peers that served bytes
+    failing their hash, which are never asked to fetch again."""
+    table = Table(title="dropped messages and bad fetches, by sender")
+    table.add_column("peer", no_wrap=True, min_width=52)
+    table.add_column("dropped", overflow="fold")
+    table.add_column("served bad bytes")
+    shown = {r["peer"] for r in rows}
+    for r in rows:
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(r["counts"].items()))
+        table.add_row(r["peer"], safe_text(dropped), "yes" if r["peer"] in bad_sources else "")
+    for peer in sorted(bad_sources - shown):
+        table.add_row(peer, "-", "yes")
+    console.print(table)
 
 
 def _print_standing(rows: list[dict]) -> None:

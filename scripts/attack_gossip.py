@@ -5,6 +5,7 @@ in docs/gossip.md; loopback only, never aim it at a node that is not yours.
     python scripts/attack_gossip.py junk ADDR [--senders 5]
     python scripts/attack_gossip.py mss-prefix ADDR [--connections 8] [--mib 64]
     python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16] [--kind KIND]
+    python scripts/attack_gossip.py invalid-flood ADDR [--campaign NAME] [--count 500]
     python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30]
     python scripts/attack_gossip.py measure ATTACK [its options]   # a fresh node's RSS under it
 
@@ -92,6 +93,63 @@ def junk(addr: str, senders: int) -> None:
         for n in range(senders):
             await one(n)
         _say("done")
+
+    trio.run(main)
+
+
+# ------------------------------------------------------------ invalid facts, past the ban
+
+
+def invalid_flood(addr: str, campaign: str, count: int) -> None:
+    """One GossipSub peer sends `count` messages in one frame, each properly signed by libp2p
+    but not a fact: the first 20 points get it banned, and every one after must still count."""
+    import multiaddr
+    import trio
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.pubsub import Pubsub
+    from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
+    from libp2p.tools.anyio_service import background_trio_service
+    from libp2p.utils.varint import encode_uvarint
+
+    from node.gossip.peer import topic_for
+    from node.identity import Identity
+
+    _tcp_target(addr)
+    info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+    topic = topic_for(campaign)
+
+    async def main() -> None:
+        me = Identity.generate()
+        key = create_new_key_pair(me.seed)
+        host = new_host(key_pair=key, muxer_preference="YAMUX")
+        router = GossipSub(protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4,
+                           degree_high=12, heartbeat_interval=1)  # fmt: skip
+        pubsub = Pubsub(host, router, strict_signing=True)
+        async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]), \
+                background_trio_service(pubsub), background_trio_service(router):  # fmt: skip
+            await pubsub.wait_until_ready()
+            _say("attacker", me.peer_id)
+            with trio.fail_after(20):
+                await host.connect(info)
+                await pubsub.subscribe(topic)
+                await trio.sleep(2)
+            messages = []
+            for n in range(count):
+                msg = rpc_pb2.Message(data=b"not a fact %d" % n, topicIDs=[topic],
+                                      from_id=pubsub.my_id.to_bytes(), seqno=os.urandom(8))  # fmt: skip
+                signed = PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString()
+                msg.signature = key.private_key.sign(signed)
+                msg.key = key.public_key.serialize()
+                messages.append(msg)
+            frame = rpc_pb2.RPC(publish=messages).SerializeToString()
+            stream = await host.new_stream(info.peer_id, [PROTOCOL_ID_V11])
+            await stream.write(encode_uvarint(len(frame)) + frame)
+            await trio.sleep(3)
+            _say("done", count, "messages sent")
 
     trio.run(main)
 
@@ -263,11 +321,13 @@ if __name__ == "__main__":
         measure(sys.argv[2:])
         raise SystemExit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=["junk", "mss-prefix", "streams"])
+    parser.add_argument("attack", choices=["junk", "mss-prefix", "streams", "invalid-flood"])
     parser.add_argument("addr")
     parser.add_argument("--senders", type=int, default=5)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--campaign", default="attack")
+    parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--kind", choices=["frames", "open", "window"], default="frames")
     args = parser.parse_args()
@@ -275,5 +335,7 @@ if __name__ == "__main__":
         junk(args.addr, args.senders)
     elif args.attack == "mss-prefix":
         mss_prefix(args.addr, args.connections, args.mib)
+    elif args.attack == "invalid-flood":
+        invalid_flood(args.addr, args.campaign, args.count)
     elif args.attack == "streams":
         streams(args.addr, args.streams, args.mib, args.kind)

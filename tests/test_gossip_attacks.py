@@ -105,7 +105,8 @@ def test_streams_over_the_per_connection_cap_are_refused_and_counted(nodes, tmp_
     opened = int(lines[-1].split()[1])
     assert opened <= 32, lines  # Limits.max_conn_streams
     counts = a.status()["counts"]
-    assert counts["streams_refused"] >= 96 - 32 - 2, counts  # identify may hold one or two
+    # Each refused stream costs a point: 20 get it banned, and then disconnected.
+    assert counts["streams_refused"] >= 20, counts
     wait_until(lambda: _attacker(lines) in a.status()["banned"], "the stream hog to be banned")
     b = nodes("b", "--bootstrap", a.addr)
     _meet_and_gossip(a, b)
@@ -127,3 +128,65 @@ def test_frames_announcing_1_gib_and_bytes_past_the_yamux_window_are_bounded_and
     assert {_attacker(frames), _attacker(window)} <= banned
     b = nodes("b", "--bootstrap", a.addr)
     _meet_and_gossip(a, b)
+
+
+def test_every_message_after_a_ban_is_counted_against_its_sender(nodes, tmp_path) -> None:
+    a = nodes("a")
+    lines = attack(tmp_path, "invalid-flood", a.addr, "--campaign", CAMPAIGN, "--count", "500")
+    attacker = _attacker(lines)
+
+    def counted() -> int:
+        status = a.status()
+        drops = {d["peer"]: d["counts"] for d in status["drops"]}.get(attacker, {})
+        return status["counts"]["rejected"] + drops.get("after_ban", 0)
+
+    # 20 invalid facts at 1 point each get it banned; the 480 after are dropped and counted.
+    wait_until(lambda: counted() >= 500, "all 500 messages counted against their sender")
+    assert attacker in a.status()["banned"]
+    wait_until(lambda: "after_ban" in _offences(a, attacker), "the drops recorded in the ledger")
+
+
+def _offences(node: Node, peer: str) -> dict[str, int]:
+    import sqlite3
+
+    with sqlite3.connect(f"file:{node.home / 'ledger.db'}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT reason, count FROM rejections WHERE peer_id = ?", (peer,))
+        return dict(rows.fetchall())
+
+
+def test_a_peer_serving_bytes_that_fail_their_hash_is_charged_once_and_not_asked_again(
+    nodes, tmp_path
+) -> None:
+    import sqlite3
+
+    from node.gossip.peer import synthetic_result
+    from node.identity import load_identity
+    from node.ledger import Ledger
+
+    home = tmp_path / "liar"
+    home.mkdir()
+    body, source = synthetic_result(1)
+    with Ledger(home / "ledger.db", campaign=CAMPAIGN) as ledger:  # a result and its train.py,
+        child = ledger.add_version(source)
+        ledger.publish(load_identity(home), "result", body)
+    with sqlite3.connect(home / "ledger.db") as conn:  # ...served as other bytes
+        conn.execute("UPDATE versions SET source = ? WHERE sha256 = ?", (b"# evil\n", child))
+    liar = nodes("liar")
+    b = nodes("b", "--bootstrap", liar.addr)
+    wait_until(lambda: b.status()["counts"]["bad_fetches"] >= 1, "the bad bytes to be caught")
+    wait_until(lambda: "bad_fetch" in _offences(b, liar.peer_id), "the liar charged in the ledger")
+    import time
+
+    time.sleep(8)  # 16 more rounds of the fetch loop: before, it asked the liar 12 times
+    status = b.status()
+    assert status["counts"]["bad_fetches"] == 1 and status["bad_sources"] == [liar.peer_id]
+    assert _offences(b, liar.peer_id)["bad_fetch"] == 1
+    with sqlite3.connect(f"file:{b.home / 'ledger.db'}?mode=ro", uri=True) as conn:
+        assert (
+            conn.execute("SELECT COUNT(*) FROM versions WHERE sha256 = ?", (child,)).fetchone()[0]
+            == 0
+        )
+    shown = subprocess.run([sys.executable, "-m", "node.cli", "peers", "--home", str(b.home)],
+                           capture_output=True, text=True, cwd=ROOT, env={**os.environ,
+                           "COLUMNS": "200"}, timeout=60)  # fmt: skip
+    assert "served bad bytes" in shown.stdout and liar.peer_id in shown.stdout, shown.stdout

@@ -52,6 +52,8 @@ class _Peer:
     tokens: float = 0.0
     tokens_at: float = 0.0
     synced_at: float = -1e9
+    drops: dict[str, int] = field(default_factory=dict)  # messages dropped, by why
+    bad_source: bool = False  # served bytes that failed their hash: never asked to fetch again
 
 
 class PeerBook:
@@ -168,6 +170,28 @@ class PeerBook:
             entry.points = 0.0
             return True
         return False
+
+    def count_drop(self, peer: str, why: str) -> None:
+        """One message from `peer` dropped (over its rate, after its ban, ...), kept by reason."""
+        drops = self._get(peer).drops
+        if why in drops or len(drops) < 8:
+            drops[why] = drops.get(why, 0) + 1
+
+    def drops(self, shown: int = 64) -> list[tuple[str, dict[str, int]]]:
+        """The peers we dropped most messages from, most first: (peer, {why: count})."""
+        ranked = sorted(((p, e.drops) for p, e in self._peers.items() if e.drops),
+                        key=lambda pd: -sum(pd[1].values()))  # fmt: skip
+        return [(p, dict(d)) for p, d in ranked[:shown]]
+
+    def mark_bad_source(self, peer: str) -> None:
+        self._get(peer).bad_source = True
+
+    def bad_sources(self) -> list[str]:
+        return sorted(p for p, e in self._peers.items() if e.bad_source)
+
+    def is_bad_source(self, peer: str) -> bool:
+        entry = self._peers.get(peer)
+        return entry is not None and entry.bad_source
 
     def is_banned(self, peer: str) -> bool:
         entry = self._peers.get(peer)

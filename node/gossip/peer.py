@@ -45,7 +45,16 @@ _SIGNED_REASONS = (wire.Reason.replay, wire.Reason.seq_backwards, wire.Reason.fu
 _CAMPAIGN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # as wire.decode checks it
 # What the gossip layer refuses before the ledger sees it; recorded in the ledger's rejections so
 # that standing, unlike a ban, survives a restart.
-_OFFENCES = ("flood", "junk", "libp2p_signature", "protocol", "streams", "window")
+_OFFENCES = (
+    "flood",
+    "junk",
+    "libp2p_signature",
+    "protocol",
+    "streams",
+    "window",
+    "after_ban",
+    "bad_fetch",
+)
 _MAX_STANDING_SHOWN = 64  # peers listed in the status file, silenced ones first
 
 
@@ -132,6 +141,7 @@ class GuardedPubsub(Pubsub):
 
     on_junk: Any = None
     on_invalid: Any = None
+    on_dropped: Any = None  # a message from a blacklisted (banned) peer, dropped by the library
 
     async def stream_handler(self, stream: Any) -> None:
         peer_id = stream.muxed_conn.peer_id
@@ -163,8 +173,12 @@ class GuardedPubsub(Pubsub):
     async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
         # The library drops a message whose libp2p signature is wrong, silently; we also charge
         # the peer that sent it (checked once per message: seen ones are skipped).
-        if (msg_forwarder != self.my_id and not self.is_peer_blacklisted(msg_forwarder)
-                and not self._is_msg_seen(msg) and not _signed(msg)):  # fmt: skip
+        if msg_forwarder != self.my_id and self.is_peer_blacklisted(msg_forwarder):
+            if self.on_dropped is not None:  # the library drops it without a word: we count it
+                self.on_dropped(msg_forwarder)
+            return
+        if (msg_forwarder != self.my_id and not self._is_msg_seen(msg)
+                and not _signed(msg)):  # fmt: skip
             if self.on_invalid is not None:
                 self.on_invalid(msg_forwarder)
             return
@@ -265,7 +279,7 @@ class GossipNode:
         self.topic = topic_for(config.campaign) if config.campaign else None
         self.counts = dict.fromkeys(("accepted", "rejected", "published", "synced", "fetched",
                                      "rate_limited", "junk", "dropped", "restarts", "dials_failed",
-                                     "streams_refused", "window_exceeded"), 0)  # fmt: skip
+                                     "streams_refused", "window_exceeded", "bad_fetches"), 0)  # fmt: skip
         self.standing: dict[str, standing.Standing] = {}
         self.silenced: set[str] = set()  # peers that lost standing
         self.banned: set[str] = set()  # of those, banned for refused messages: facts dropped
@@ -320,6 +334,7 @@ class GossipNode:
                                max_inbound_rpc_size=self.limits.max_rpc_bytes)  # fmt: skip
         pubsub.on_junk = self._on_junk
         pubsub.on_invalid = self._on_bad_signature
+        pubsub.on_dropped = lambda peer_id: self.drop(peer_id.to_base58(), "after_ban")
         self.host, self.pubsub = host, pubsub
         try:
             await self._serve(host, router, pubsub)
@@ -360,14 +375,18 @@ class GossipNode:
         if peer == self.peer_id:
             return True  # our own, already in the ledger
         if self.book.is_banned(peer):
+            self.drop(peer, "after_ban")
             return False
         origin = _origin(msg)
         if self.banned and (origin in self.banned or author_of(msg.data) in self.banned):
-            self.counts["dropped"] += 1  # neither stored nor forwarded; no penalty: it is valid
+            # Neither stored nor forwarded; counted against its author, who lost standing, but
+            # no penalty for the relay: the fact is valid.
+            self.drop(origin if origin in self.banned else author_of(msg.data), "silenced_author")
             return False
         if not self.book.allow_message(origin):
             # Drop the flood at every hop; blame only its source, not honest relays.
             self.counts["rate_limited"] += 1
+            self.book.count_drop(origin, "flood")
             if origin == peer:
                 self._penalise(peer, self.limits.flood_penalty, "flood")
             return False
@@ -393,6 +412,22 @@ class GossipNode:
     async def _drain(self, subscription: Any) -> None:
         while True:  # delivered messages are in the ledger already (validator); empty the queue
             await subscription.get()
+
+    def drop(self, peer: str, why: str) -> None:
+        """Count one message from `peer` dropped unread: after its ban it is also an offence
+        (recorded, so that standing sees it), never silently ignored."""
+        self.counts["dropped"] += 1
+        self.book.count_drop(peer, why)
+        if why == "after_ban":
+            self._penalise(peer, 0.0, why)
+
+    def bad_fetch(self, peer: str, what: str) -> None:
+        """`peer` served bytes that fail their hash (or a malformed answer): charged, and never
+        asked to fetch anything again."""
+        self.counts["bad_fetches"] += 1
+        log.info("bad fetch from %s: %s", peer, what)
+        self.book.mark_bad_source(peer)
+        self._penalise(peer, self.limits.invalid_penalty, "bad_fetch")
 
     def _on_junk(self, peer_id: ID, exc: Exception, serious: bool = True) -> None:
         self.counts["junk"] += 1
@@ -487,8 +522,13 @@ class GossipNode:
         """The facts of `raws` whose authors are not banned; the others are counted and dropped."""
         if not self.banned:
             return raws
-        kept = [raw for raw in raws if author_of(raw) not in self.banned]
-        self.counts["dropped"] += len(raws) - len(kept)
+        kept = []
+        for raw in raws:
+            author = author_of(raw)
+            if author in self.banned:
+                self.drop(author, "silenced_author")
+            else:
+                kept.append(raw)
         return kept
 
     async def _standing_loop(self) -> None:
@@ -598,11 +638,12 @@ class GossipNode:
         while True:
             await trio.sleep(0.5)
             connected = sorted(p.to_base58() for p in self.host.get_connected_peers())
+            sources = [p for p in connected if not self.book.is_bad_source(p)]
             for sha256, (peers, tries) in list(self._wanted.items())[:8]:
                 # The sender may still be fetching it itself: ask the author, then anyone.
-                peer = peers[tries] if tries < len(peers) else random.choice(connected or peers)
+                peer = peers[tries] if tries < len(peers) else random.choice(sources or peers)
                 data = None
-                if peer in connected:
+                if peer in sources:
                     data = await protocols.fetch(self, peer, "version", sha256)
                 if data is not None:
                     self.ledger.add_version(data, sha256)
@@ -626,6 +667,8 @@ class GossipNode:
             "connected": connected, "known": len(self.book), "banned": self.book.banned(),
             "silenced": sorted(self.silenced), "standing": self._standing_shown(),
             "facts": facts, "first_peer_s": self.first_peer_s, "first_peer_at": self.first_peer_at, "counts": dict(self.counts),
+            "drops": [{"peer": p, "counts": d} for p, d in self.book.drops()],
+            "bad_sources": self.book.bad_sources(),
         }  # fmt: skip
 
     def _standing_shown(self) -> list[dict]:

@@ -45,8 +45,12 @@ def _guarded(node: GossipNode, handler: Any) -> Any:
     async def run(stream: Any) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
         protocol = str(stream.get_protocol())
-        if node.book.is_banned(peer) or not node.book.open_stream(peer, protocol):
-            await _reset(stream)  # banned, or too many streams of this protocol at once
+        if node.book.is_banned(peer):
+            node.book.count_drop(peer, "stream_after_ban")
+            await _reset(stream)
+            return
+        if not node.book.open_stream(peer, protocol):
+            await _reset(stream)  # too many streams of this protocol at once
             return
         try:
             await handler(node, stream, peer)
@@ -249,7 +253,9 @@ async def fetch(node: GossipNode, peer: str, kind: str, sha256: str) -> bytes | 
             data, size = answer["data"], answer.get("size")
             if not (isinstance(data, bytes) and type(size) is int and 0 < len(data) <= CHUNK
                     and size <= node.limits.max_blob and offset + len(data) <= size):  # fmt: skip
-                raise FrameError("fetch answer out of bounds")
+                node.bad_fetch(peer, f"{kind} {sha256[:12]}: an answer out of bounds")
+                await _reset(stream)
+                return None
             parts.append(data)
             offset += len(data)
         await stream.close()
@@ -257,7 +263,10 @@ async def fetch(node: GossipNode, peer: str, kind: str, sha256: str) -> bytes | 
         log.info("fetch %s %s from %s: %s", kind, sha256[:12], peer, exc)
         return None
     blob = b"".join(parts)
-    if size is None or hashlib.sha256(blob).hexdigest() != sha256:
+    if size is None:
+        return None
+    if hashlib.sha256(blob).hexdigest() != sha256:
+        node.bad_fetch(peer, f"{kind} {sha256[:12]}: the bytes hash to something else")
         return None
     return blob
 
