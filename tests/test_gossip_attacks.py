@@ -190,3 +190,27 @@ def test_a_peer_serving_bytes_that_fail_their_hash_is_charged_once_and_not_asked
                            capture_output=True, text=True, cwd=ROOT, env={**os.environ,
                            "COLUMNS": "200"}, timeout=60)  # fmt: skip
     assert "served bad bytes" in shown.stdout and liar.peer_id in shown.stdout, shown.stdout
+
+
+def test_260_silent_sockets_hold_16_handshake_slots_and_peers_gossip_on(nodes, tmp_path) -> None:
+    a = nodes("a")
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)
+    log = open(tmp_path / "attack-silent.log", "wb")  # noqa: SIM115  (closed below)
+    flood = subprocess.Popen(
+        [sys.executable, str(ATTACK), "silent", a.addr, "--sockets", "260", "--hold", "90"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: b"started" in (tmp_path / "attack-silent.log").read_bytes(), "the flood")
+        wait_until(lambda: a.status()["counts"]["handshakes_refused"] >= 260 - 16, "refusals")
+        during = {a.publish(2), b.publish(2)}  # the connected peer is not crowded out
+        wait_until(lambda: during <= a.results() and during <= b.results(), "gossip in the flood")
+        wait_until(lambda: a.status()["counts"]["handshakes_timed_out"] >= 16, "silent ones cut")
+        assert flood.poll() is None, "the flood ended early"
+    finally:
+        flood.kill()
+        flood.wait(timeout=10)
+        log.close()
+    c = nodes("c", "--bootstrap", a.addr)  # the printed address serves at once after it
+    _meet_and_gossip(a, c)

@@ -6,7 +6,7 @@ import pytest
 from conftest import BASELINE, CAMPAIGN, make_result
 
 from node.gossip.frames import FrameError, pack, unpack
-from node.gossip.limits import Limits, PeerBook
+from node.gossip.limits import HandshakeGate, Limits, PeerBook
 from node.ledger import Ledger
 
 
@@ -72,3 +72,16 @@ def test_one_authors_many_facts_cannot_crowd_others_out_of_a_sync_answer(tmp_pat
         # The peer asks again from where it holds everything: the flood continues, 10 at a time.
         again = list(book.facts_missing_from({alice.public_key: 10, bob.public_key: 3}, 10))
         assert len(again) == 10 and not set(again) & set(answer)
+
+
+def test_the_handshake_gate_refuses_a_full_address_and_cuts_the_heaviest_for_a_newcomer() -> None:
+    gate = HandshakeGate(Limits(max_pending=4, max_pending_per_ip=3))
+    assert gate.admit(1, "honest") == (True, [])
+    assert [gate.admit(t, "flood") for t in (2, 3, 4)] == [(True, [])] * 3
+    assert gate.admit(5, "flood") == (False, [])  # its own address is full: refused
+    assert gate.admit(6, "other") == (True, [2])  # all are full: the heaviest address pays
+    assert gate.admit(7, "newcomer") == (True, [3])
+    assert gate.admit(8, "flood") == (True, [1])  # now the heaviest is any; the oldest goes
+    gate.done(4)
+    gate.done(8)
+    assert len(gate) == 2

@@ -36,6 +36,11 @@ class Limits:
     max_streams: int = 2  # our protocol's streams one peer may have open at once, per protocol
     max_conn_streams: int = 32  # inbound streams open at once on one connection, all protocols
     stream_penalty: float = 1.0  # a stream over that cap (refused)
+    # Inbound connections still in their handshake (TCP up, Noise and Yamux not yet done): the
+    # library lets 250 of them wait 10 s each, so 260 silent sockets locked newcomers out.
+    max_pending: int = 64  # at once, from all addresses; the rest of the 250 are for peers
+    max_pending_per_ip: int = 16  # at once, from one address; more are refused
+    handshake_seconds: float = 5.0  # a handshake not done by then is cut (Noise takes ms)
     sync_gap: float = 2.0  # seconds between two syncs we serve to one peer (each costs a query)
     standing_every: float = 2.0  # seconds between two judgements of every peer's standing
 
@@ -54,6 +59,39 @@ class _Peer:
     synced_at: float = -1e9
     drops: dict[str, int] = field(default_factory=dict)  # messages dropped, by why
     bad_source: bool = False  # served bytes that failed their hash: never asked to fetch again
+
+
+class HandshakeGate:
+    """Inbound connections in their handshake, oldest first, by remote address. One address may
+    hold `max_pending_per_ip` of them: its next is refused. When all `max_pending` are taken,
+    a newcomer is admitted and the oldest of the address that holds most is cut instead. Silent
+    sockets thus crowd out only their own address, never a newcomer from another."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._pending: dict[int, str] = {}  # ticket -> remote address, in arrival order
+
+    def admit(self, ticket: int, address: str) -> tuple[bool, list[int]]:
+        """Whether `ticket` may start its handshake, and the tickets to cut to make room."""
+        mine = sum(1 for a in self._pending.values() if a == address)
+        if mine >= self.limits.max_pending_per_ip:
+            return False, []
+        cut = []
+        if len(self._pending) >= self.limits.max_pending:
+            held: dict[str, int] = {}
+            for a in self._pending.values():
+                held[a] = held.get(a, 0) + 1
+            heaviest = max(held, key=held.__getitem__)  # the first to reach the most: oldest
+            cut.append(next(t for t, a in self._pending.items() if a == heaviest))
+            del self._pending[cut[0]]
+        self._pending[ticket] = address
+        return True, cut
+
+    def done(self, ticket: int) -> None:
+        self._pending.pop(ticket, None)
+
+    def __len__(self) -> int:
+        return len(self._pending)
 
 
 class PeerBook:

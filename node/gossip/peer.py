@@ -25,6 +25,7 @@ import multiaddr
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
@@ -35,7 +36,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from node import standing, wire
 from node.errors import SwarmError
 from node.gossip import guards, protocols
-from node.gossip.limits import Limits, PeerBook
+from node.gossip.limits import HandshakeGate, Limits, PeerBook
 from node.identity import Identity, peer_id_from_public_key
 from node.ledger import Ledger
 
@@ -269,6 +270,7 @@ class GossipNode:
         self.ledger = ledger
         self.limits = config.limits
         self.book = PeerBook(config.limits)
+        self.gate = HandshakeGate(config.limits)
         for text in config.bootstrap:
             info = info_from_p2p_addr(parse_multiaddr(text, need_peer_id=True))
             self.book.add(info.peer_id.to_base58(), [str(a) for a in info.addrs], bootstrap=True)
@@ -279,7 +281,9 @@ class GossipNode:
         self.topic = topic_for(config.campaign) if config.campaign else None
         self.counts = dict.fromkeys(("accepted", "rejected", "published", "synced", "fetched",
                                      "rate_limited", "junk", "dropped", "restarts", "dials_failed",
-                                     "streams_refused", "window_exceeded", "bad_fetches"), 0)  # fmt: skip
+                                     "streams_refused", "window_exceeded", "bad_fetches",
+                                     "handshakes_refused", "handshakes_cut",
+                                     "handshakes_timed_out"), 0)  # fmt: skip
         self.standing: dict[str, standing.Standing] = {}
         self.silenced: set[str] = set()  # peers that lost standing
         self.banned: set[str] = set()  # of those, banned for refused messages: facts dropped
@@ -325,6 +329,7 @@ class GossipNode:
                         listen_addrs=[self.listen])  # fmt: skip
         network = host.get_network()
         network.set_stream_handler(self._capped_streams(network.common_stream_handler))
+        network.upgrade_inbound_raw_conn = self._gated_handshakes(network.upgrade_inbound_raw_conn)
         router = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
             heartbeat_interval=1, adaptive_gossip_enabled=False, spam_protection_enabled=False,
@@ -460,6 +465,39 @@ class GossipNode:
                 open_streams[key] -= 1
                 if not open_streams[key]:
                     del open_streams[key]
+
+        return run
+
+    def _gated_handshakes(self, upgrade: Any) -> Any:
+        """The swarm's inbound handshake (Noise, then Yamux), refused when its address holds too
+        many, cut after `handshake_seconds` or when `HandshakeGate` makes room for a newcomer."""
+        scopes: dict[int, trio.CancelScope] = {}
+
+        async def run(raw_conn: Any, maddr: Any) -> Any:
+            try:
+                address = str(raw_conn.get_remote_address()[0])
+            except Exception:
+                address = "?"
+            scope = trio.CancelScope(deadline=trio.current_time() + self.limits.handshake_seconds)
+            ticket = id(scope)
+            admitted, cut = self.gate.admit(ticket, address)
+            if not admitted:
+                self.counts["handshakes_refused"] += 1
+                raise SwarmException(f"{address} has too many inbound handshakes pending")
+            for old in cut:
+                self.counts["handshakes_cut"] += 1
+                if (old_scope := scopes.pop(old, None)) is not None:
+                    old_scope.cancel()
+            scopes[ticket] = scope
+            try:
+                with scope:
+                    return await upgrade(raw_conn, maddr)
+            finally:
+                scopes.pop(ticket, None)
+                self.gate.done(ticket)
+            if trio.current_time() >= scope.deadline:
+                self.counts["handshakes_timed_out"] += 1
+            raise SwarmException(f"inbound handshake from {address} cut short")
 
         return run
 
