@@ -119,7 +119,8 @@ def test_frames_announcing_1_gib_and_bytes_past_the_yamux_window_are_bounded_and
     before = _kib(a, "VmRSS")
     frames = attack(tmp_path, "streams", a.addr, "--streams", "64", "--mib", "4")
     window = attack(tmp_path, "streams", a.addr, "--mib", "256", "--kind", "window")
-    assert int(window[-1].split()[4]) >= 64, window  # the raw frames went out unthrottled
+    # Raw frames went out past the 1 MiB window (the node bans at the first byte past it).
+    assert int(window[-1].split()[4]) >= 2, window
     grown = (_kib(a, "VmHWM") - before) / 1024
     assert grown < 24, f"peak RSS grew {grown:.0f} MiB"
     counts = a.status()["counts"]
