@@ -73,8 +73,9 @@ def test_the_ledger_commands_and_the_report_show_a_hostile_description_as_text(
 
 
 def test_a_log_line_quoting_a_peer_cannot_forge_lines_or_move_the_cursor():
+    forged = HOSTILE + "\nWARNING:swarm.gossip:all is well"
     record = logging.LogRecord("swarm.gossip", logging.WARNING, __file__, 1, "from %s: %s",
-                               ("peer", HOSTILE + "\nWARNING:swarm.gossip:all is well"), None)  # fmt: skip
+                               ("peer", forged), None)  # fmt: skip
     line = SafeLogFormatter("%(levelname)s:%(name)s:%(message)s").format(record)
     assert "\n" not in line and acted_on(line) == []
     assert line.startswith("WARNING:swarm.gossip:from peer: \\x1b[2J")
