@@ -160,3 +160,57 @@ def test_a_train_py_that_never_hands_over_its_model_gets_no_score(tmp_path, smal
 def test_a_missing_train_py_is_a_clear_error(tmp_path, small_data):
     with pytest.raises(TrainerError, match="cannot read"):
         run_experiment(tmp_path / "absent.py", FAST, small_data, tmp_path / "run")
+
+
+def test_runs_that_take_turns_start_up_while_another_trains_and_never_train_together(
+    tmp_path, small_data, monkeypatch
+):
+    """Two runs of one device sharing GpuTurns, from two threads: the second starts up while the
+    first trains, waits, ready, for the first's score, and scores what it scores alone."""
+    import threading
+
+    from node.trainer import runner
+
+    monkeypatch.setattr(runner, "SETTLE_SECONDS", 0.0)
+    turns, stamps, results = runner.GpuTurns(), {}, {}
+    profile = get_profile("test")
+
+    def one(name: str, delay: float) -> None:
+        time.sleep(delay)
+        stamp = lambda e: stamps.setdefault((name, e["event"]), time.monotonic())  # noqa: E731
+        results[name] = run_experiment(
+            BASELINE_TRAIN_PY, profile, small_data, tmp_path / name, seed=1, on_event=stamp,
+            turns=turns,
+        )  # fmt: skip
+
+    threads = [threading.Thread(target=one, args=(n, d)) for n, d in (("a", 0.0), ("b", 0.5))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    a, b = results["a"], results["b"]
+    assert a.outcome == b.outcome == "ok", (a.error, b.error)
+    assert a.val_bpb == b.val_bpb  # the same seed: waiting changes nothing of the run
+    assert stamps["b", "started"] < stamps["a", "eval_start"]  # b started up while a trained
+    assert stamps["b", "ready"] < stamps["a", "done"] < stamps["b", "train_start"]
+    assert b.held_seconds > 0 and b.startup_seconds < b.total_seconds - b.held_seconds
+    assert turns.starting is None and turns.training is None
+
+
+def test_a_run_that_fails_while_it_starts_up_beside_another_runs_again_alone(
+    tmp_path, small_data
+):
+    """A held run whose start-up fails (here: always) runs again once the GPU is free; its result
+    is that of a run alone, and the turns are left free."""
+    from node.trainer import runner
+
+    turns, events = runner.GpuTurns(), []
+    script = tmp_path / "train.py"
+    script.write_text(PRELUDE + "raise SystemExit(3)\n")
+    result = run_experiment(
+        script, FAST, small_data, tmp_path / "run", on_event=events.append, turns=turns
+    )
+    assert result.outcome == "crash" and "code 3" in result.error
+    assert [e["event"] for e in events].count("started") == 2  # held, then alone
+    assert result.held_seconds is None
+    assert turns.starting is None and turns.training is None

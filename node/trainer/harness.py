@@ -22,6 +22,9 @@ import numpy as np
 import torch
 
 PROGRESS_EVERY = 1.0  # seconds between progress events
+# What a run started ahead of its turn (`hold`) leaves free of the GPU's memory for the run that
+# trains meanwhile, beyond what that run already holds.
+HOLD_MARGIN_BYTES = 4 << 30
 _SESSION: Session | None = None
 
 
@@ -59,6 +62,7 @@ class Session:
         self._warmup_tokens = 0
         self._last_batch = 0.0  # budget seconds spent when the last counted batch was served
         self._finished = False
+        self._hold = bool(config.get("hold"))  # wait for the runner's word before the clock
 
     # What train.py reads of the count is a view: the counts are the harness's own.
     budget_tokens = property(lambda self: self._budget, doc="training budget: tokens after warm-up")
@@ -130,6 +134,8 @@ class Session:
         while True:
             if self._steps >= self._warmup and self._clock_start is None:
                 self._sync()
+                if self._hold:
+                    self._wait_for_turn()
                 self._clock_start = time.perf_counter()
                 self._cpu_start = time.process_time()
                 self._warmup_tokens = self._tokens
@@ -154,6 +160,20 @@ class Session:
             yield tensor[:, :-1], tensor[:, 1:]
         self._sync()
         self._emit("train_end", **self.counts())
+
+    def _wait_for_turn(self) -> None:
+        """A run started while another trains on the GPU (runner.GpuTurns) waits here, compiled
+        and warmed up, until the runner says the GPU is its own (a byte on stdin); the budget's
+        clock starts after."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the warm-up's activations, back to the run that trains
+        self._emit("ready")
+        if not os.read(0, 1):  # the runner is gone
+            _exit(5)
+        if self.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(
+                self.config["profile"]["gpu_memory_fraction"]
+            )
 
     def _maybe_progress(self) -> None:
         now = time.perf_counter()
@@ -267,10 +287,12 @@ def main(config_path: str) -> int:
         torch.use_deterministic_algorithms(True, warn_only=True)
     if config["profile"]["device"] == "cpu" and config["profile"]["threads"]:
         torch.set_num_threads(config["profile"]["threads"])
-    if (
-        config["profile"]["device"] == "cuda"
-    ):  # before train.py exists; the policy forbids changing it
-        torch.cuda.set_per_process_memory_fraction(config["profile"]["gpu_memory_fraction"])
+    if config["profile"]["device"] == "cuda":  # before train.py exists; the policy forbids changing it
+        fraction = config["profile"]["gpu_memory_fraction"]
+        if config.get("hold"):  # another run trains on this GPU: take only what it leaves free
+            free, total = torch.cuda.mem_get_info()
+            fraction = min(fraction, max(free - HOLD_MARGIN_BYTES, 0) / total)
+        torch.cuda.set_per_process_memory_fraction(fraction)
     _SESSION = Session(config, status)
     _SESSION._emit("started", pid=os.getpid())
     train_py = config["train_py"]

@@ -140,6 +140,8 @@ class Run:
         profile = self.profile
         return {
             "startup": profile.startup_seconds,
+            # waiting for another run's turn on the GPU: its start-up, training and evaluation
+            "held": profile.startup_seconds + profile.max_train_seconds + 2 * profile.eval_seconds,
             "train": self.train_limit or profile.max_train_seconds,
             "eval": profile.eval_seconds,
             "score": profile.eval_seconds,
@@ -232,6 +234,9 @@ def watch(
                 now = time.monotonic()
                 if name == "started":
                     seen["launch_seconds"] = now - started
+                elif name == "ready" and phase == "startup":  # compiled, waiting for its turn
+                    seen["ready_at"] = now
+                    phase, phase_start = "held", now
                 elif name == "train_start":
                     seen["startup_seconds"] = now - started
                     phase, phase_start = "train", now

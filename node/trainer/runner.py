@@ -13,6 +13,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -23,7 +24,7 @@ from node.trainer.compile_cache import IN_SANDBOX, CompileCache, environment
 from node.trainer.data import TokenData
 from node.trainer.errors import TrainerError
 from node.trainer.policy import check_source
-from node.trainer.process import PACKAGE, REFUSED, Event, OnEvent, Run, give_back
+from node.trainer.process import PACKAGE, REFUSED, Event, OnEvent, Run, RunCancelled, give_back
 from node.trainer.profiles import Profile
 from node.trainer.sandbox import sandbox_available, sandbox_uid
 from node.trainer.scoring import MODEL_FILE, Scoring
@@ -31,12 +32,24 @@ from node.trainer.scoring import MODEL_FILE, Scoring
 # The harness's version: move it whenever a file that prepares data, times or scores changes
 # (tests/test_harness_version.py fails until it moves), so that results measured by another
 # harness never compare with this one's.
-HARNESS_VERSION = "2026.12.4"
+HARNESS_VERSION = "2026.12.5"
 # What the training process may report; anything else on its pipe is ignored, and a score from
 # it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(
-    {"started", "train_start", "progress", "train_end", "eval_start", "exported", "export_failed"}
+    {
+        "started",
+        "ready",
+        "train_start",
+        "progress",
+        "train_end",
+        "eval_start",
+        "exported",
+        "export_failed",
+    }
 )
+# A run that took its turn on the GPU lets the next one start up once it has trained this long:
+# its first steps allocate what its training holds from then on.
+SETTLE_SECONDS = 5.0
 CPU_BATCH_TOKENS, CUDA_BATCH_TOKENS = 2**14, 2**17  # tokens per evaluation batch
 LOG_TAIL_LINES = 40
 # Dense bf16 matrix rate by device name, for MFU; override with SWARM_PEAK_FLOPS.
@@ -137,6 +150,9 @@ class RunResult:
     log_tail: str = ""
     run_dir: str = ""
     sandboxed: bool = False
+    # Started while another run trained (GpuTurns): how long it waited, compiled and warmed up,
+    # for its turn (not part of start-up_seconds).
+    held_seconds: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -160,6 +176,56 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
+class GpuTurns:
+    """Runs of one GPU that take turns on it, so that one run's start-up (launch, compilation,
+    warm-up batches) happens while the run before it trains.
+
+    A run may start up once no other run is starting up or in its first SETTLE_SECONDS of
+    training; it starts up in a process that takes only the GPU memory the training run leaves
+    free, then waits, ready, until the run before it has its score (`hold` in the harness). Its
+    budget's clock starts once it has the GPU to itself. A run that fails before it is ready
+    runs again, alone. Pass one GpuTurns to every `run_experiment` of a GPU (from threads).
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.starting: object | None = None  # the run starting up, or just started training
+        self.training: object | None = None  # the run that has the GPU
+
+    def _wait(self, free, stops: tuple) -> None:
+        def stopped() -> bool:
+            return any(stop is not None and stop.is_set() for stop in stops)
+
+        while not self._changed.wait_for(lambda: free() or stopped(), timeout=0.5):
+            pass
+        if stopped():
+            raise RunCancelled("the run stopped while it waited for its turn on the GPU")
+
+    def start_up(self, run: object, *stops: threading.Event | None) -> None:
+        """Wait until `run` may start up (raises RunCancelled once any of `stops` is set)."""
+        with self._changed:
+            self._wait(lambda: self.starting is None, stops)
+            self.starting = run
+
+    def take(self, run: object, *stops: threading.Event | None) -> None:
+        """Wait until the GPU is free, and give it to `run`."""
+        with self._changed:
+            self._wait(lambda: self.training is None, stops)
+            self.training = run
+
+    def settled(self, run: object) -> None:
+        with self._changed:
+            if self.starting is run:
+                self.starting = None
+                self._changed.notify_all()
+
+    def leave(self, run: object) -> None:
+        with self._changed:
+            self.starting = None if self.starting is run else self.starting
+            self.training = None if self.training is run else self.training
+            self._changed.notify_all()
+
+
 def run_experiment(
     train_py: Path,
     profile: Profile,
@@ -173,6 +239,7 @@ def run_experiment(
     compile_cache: CompileCache | None = None,
     keep_compiled: bool = False,
     speed: float | None = None,
+    turns: GpuTurns | None = None,
 ) -> RunResult:
     """Run `train_py` once under `profile` and return what the harness measured.
 
@@ -185,7 +252,31 @@ def run_experiment(
     stranger's) adds what the run compiled to it. `speed`: this node's measured speed on the
     profile (`RunResult.speed` of its earlier runs), which bounds the work a run may do per
     counted FLOP and caps training's wall clock; without it the profile's cap applies.
+    `turns`: the GPU's turns, shared with the runs of other threads (GpuTurns): this run starts
+    up while another trains, and trains once that one is scored.
     """
+    if turns is not None:
+        me = object()
+        turns.start_up(me, cancel)
+        try:
+            return _run_experiment(
+                train_py, profile, data, run_dir, seed, on_event, sandbox, cancel, gpu,
+                compile_cache, keep_compiled, speed, turns, me,
+            )  # fmt: skip
+        finally:
+            turns.leave(me)
+    return _run_experiment(
+        train_py, profile, data, run_dir, seed, on_event, sandbox, cancel, gpu, compile_cache,
+        keep_compiled, speed,
+    )  # fmt: skip
+
+
+def _run_experiment(
+    train_py: Path, profile: Profile, data: TokenData, run_dir: Path, seed: int,
+    on_event: OnEvent, sandbox: bool | None, cancel: threading.Event | None, gpu: int | None,
+    compile_cache: CompileCache | None, keep_compiled: bool, speed: float | None,
+    turns: GpuTurns | None = None, me: object = None,
+) -> RunResult:  # fmt: skip
     try:
         source = train_py.read_bytes()
     except OSError as exc:
@@ -211,6 +302,7 @@ def run_experiment(
         "train_py": str(run_dir / "train.py"),
         "data": {"train_path": str(data.train_path), "vocab_size": data.manifest["vocab_size"]},
         "eval": {"batch_size": batch_size, "model_path": str(run_dir / MODEL_FILE)},
+        "hold": turns is not None,
     }
     (run_dir / "config.json").write_text(json.dumps(config, indent=1))
     base = dict(
@@ -239,13 +331,32 @@ def run_experiment(
     # The scorer starts early so that its start-up overlaps other work: on a GPU while training
     # runs (its imports use CPU cores the training leaves idle), on a CPU once training is over.
     prestart = "train_start" if profile.device == "cuda" else "eval_start"
+    went: list[float] = []  # when the held run was told to go
+    ended, pipe_lock = threading.Event(), threading.Lock()  # the training process has ended
+
+    def go() -> None:  # from a thread of its own: the watch loop keeps the run's limits
+        try:
+            turns.take(me, cancel, ended)
+        except RunCancelled:
+            return
+        with pipe_lock:
+            if not ended.is_set():
+                went.append(time.monotonic())
+                os.write(go_write, b"g")
 
     def relay(event: Event) -> None:
         if event["event"] == prestart:
             scoring.start()
+        if event["event"] == "ready" and turns is not None:
+            threading.Thread(target=go, daemon=True).start()
+        if event["event"] == "train_start" and turns is not None:
+            timer = threading.Timer(SETTLE_SECONDS, turns.settled, (me,))
+            timer.daemon = True
+            timer.start()
         on_event(event)
 
     uid = sandbox_uid() if use_sandbox else None
+    go_read, go_write = os.pipe() if turns is not None else (-1, -1)
     try:
         if uid is not None:
             os.chown(run_dir, uid, uid)
@@ -256,10 +367,28 @@ def run_experiment(
         elif compile_cache is not None:  # unconfined code could write the store anyway
             env.update(environment(compile_cache.root))
         cmd = [sys.executable, "-P", "-m", "node.trainer.harness", str(run_dir / "config.json")]
+        if turns is not None and turns.training is not None:  # leave the training run cores
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 2) // 2))
         training = run.start(
-            cmd, [PACKAGE, data.train_path], env, uid, run_dir=run_dir, binds=binds
-        )
-        seen = run.follow(training, TRAINING_EVENTS, "startup", run.started, relay)
+            cmd, [PACKAGE, data.train_path], env, uid, run_dir=run_dir, binds=binds,
+            stdin=go_read if turns is not None else subprocess.DEVNULL,
+        )  # fmt: skip
+        if turns is not None:
+            os.close(go_read)
+            go_read = -1
+        try:
+            seen = run.follow(training, TRAINING_EVENTS, "startup", run.started, relay)
+        finally:
+            with pipe_lock:
+                ended.set()
+                if go_write >= 0:
+                    os.close(go_write)
+                    go_write = -1
+        held_failed = turns is not None and "ready" not in seen and "train_start" not in seen
+        if went and "ready_at" in seen:
+            seen["held_seconds"] = went[0] - seen["ready_at"]
+            if "startup_seconds" in seen:
+                seen["startup_seconds"] -= seen["held_seconds"]
         if uid is not None:
             give_back(run_dir)
             uid = None
@@ -275,6 +404,18 @@ def run_experiment(
         scoring.close()
         # Scored or not, the exported model is done with: 80 to 140 MB a run on the gpu profile.
         (run_dir / MODEL_FILE).unlink(missing_ok=True)
+        with pipe_lock:
+            ended.set()
+            for fd in (go_read, go_write):
+                if fd >= 0:
+                    os.close(fd)
+    if turns is not None and held_failed and not (cancel is not None and cancel.is_set()):
+        # It failed while it started up beside another run (its memory, say): again, alone.
+        turns.take(me, cancel)
+        return _run_experiment(
+            train_py, profile, data, run_dir, seed, on_event, sandbox, cancel, gpu,
+            compile_cache, keep_compiled, speed,
+        )  # fmt: skip
     seen["total_seconds"] = time.monotonic() - run.started
     return _finish(_result(seen, base, profile, run.log_path, speed), run_dir, on_event)
 
@@ -425,6 +566,7 @@ def _result(
         mfu=mfu,
         tokens_per_second=tps,
         startup_seconds=seen.get("startup_seconds"),
+        held_seconds=seen.get("held_seconds"),
         launch_seconds=seen.get("launch_seconds"),
         eval_seconds=eval_seconds,
         eval_tokens=result.get("eval_tokens"),
