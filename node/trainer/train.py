@@ -11,7 +11,8 @@ tokens a step, value embeddings, a skip from the embedding into every block, Nor
 cautious weight decay and Polar Express coefficients, a momentum warm-up, higher learning rates,
 no updates from the harness's warm-up batches (docs/trainer.md: what was measured, and what was
 not). `GPU` switches each of those; on the CPU profiles the file trains exactly as the simpler
-recipe did. Under autocast (training on a GPU) the residual stream is kept in bf16.
+recipe did. Under autocast (training on a GPU) the residual stream is kept in bf16, and on the
+`gpu` profile the loss and its gradient come from one pass over the logits (`SoftcapCrossEntropy`).
 """
 
 import math
@@ -37,6 +38,8 @@ DEPTH, MODEL_DIM, HEAD_DIM, DEVICE_BATCH, GRAD_ACCUM = {
 MLP_RATIO = 4  # hidden width of the MLP over the model width
 ROPE_BASE = 10000.0  # rotary embedding base frequency
 LOGIT_SOFTCAP = 15.0  # tanh cap on the output logits, for stability
+FUSED_LOSS = GPU  # the loss and its gradient in one pass over the logits, in slices of tokens
+LOSS_CHUNKS = 4  # token slices of the fused loss
 VALUE_EMBEDS = GPU  # every other block (the last among them) adds a token embedding of its own to its values
 VE_GATE_CHANNELS = 32  # input channels the value embedding's per-head gate reads
 X0_SKIP = GPU  # each block's input mixes the residual stream with the embedding, by two learned gains
@@ -138,11 +141,49 @@ class LMHead(nn.Module):
         self.proj = nn.Linear(MODEL_DIM, vocab_size, bias=False)
 
     def forward(self, x, targets=None):
+        if FUSED_LOSS and targets is not None:
+            return SoftcapCrossEntropy.apply(rms_norm(x), self.proj.weight, targets)
         logits = self.proj(rms_norm(x)).float()
         logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
         if targets is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class SoftcapCrossEntropy(torch.autograd.Function):
+    """The head's training loss: mean cross-entropy of the soft-capped logits of x @ weight.T.
+
+    The gradient is worked out in the forward pass, LOSS_CHUNKS slices of tokens at a time, so
+    the float32 logits never exist whole and each slice's logits are read twice, not four times;
+    the backward pass only scales the stored gradients (measured: docs/trainer.md).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, targets):
+        ctx.shape = x.shape[:2]
+        x, w, targets = x.flatten(0, 1), weight.to(torch.bfloat16), targets.flatten()
+        xb, n = x.to(torch.bfloat16), targets.numel()
+        loss, grad_x, grad_w = 0.0, [], torch.zeros_like(weight)
+        for xs, ts in zip(xb.chunk(LOSS_CHUNKS), targets.chunk(LOSS_CHUNKS)):  # noqa: B905
+            # tanh(u) as 2 sigmoid(2u) - 1: one exp instead of tanh's longer sequence; the capped
+            # logits are at most LOGIT_SOFTCAP, so their exp needs no max taken first (float32
+            # holds 8192 of them up to a cap of about 80)
+            capped = 2 * torch.sigmoid((xs @ w.T).float() * (2 / LOGIT_SOFTCAP)) - 1
+            exp = torch.exp(LOGIT_SOFTCAP * capped)
+            total = exp.sum(dim=-1, keepdim=True)
+            picked = LOGIT_SOFTCAP * capped.gather(1, ts[:, None])
+            loss = loss + (total.log() - picked).sum()
+            hit = torch.arange(exp.size(1), device=ts.device)[None] == ts[:, None]
+            grad = ((exp / total - hit.float()) * (1 - capped.square()) / n).to(torch.bfloat16)
+            grad_x.append(grad @ w)
+            grad_w += (grad.T @ xs).float()
+        ctx.save_for_backward(torch.cat(grad_x).to(x.dtype), grad_w)
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_x, grad_w = ctx.saved_tensors
+        return (grad_x * grad_loss).unflatten(0, ctx.shape), grad_w * grad_loss, None
 
 
 def has_value_embed(layer):
