@@ -153,9 +153,9 @@ class LMHead(nn.Module):
 class SoftcapCrossEntropy(torch.autograd.Function):
     """The head's training loss: mean cross-entropy of the soft-capped logits of x @ weight.T.
 
-    The gradient is worked out in the forward pass, LOSS_CHUNKS slices of tokens at a time, so
-    the float32 logits never exist whole and each slice's logits are read twice, not four times;
-    the backward pass only scales the stored gradients (measured: docs/trainer.md).
+    The gradient is worked out in the forward pass, LOSS_CHUNKS slices of tokens at a time, each
+    slice's loss and gradient in one fused kernel, so the float32 logits never exist whole; the
+    backward pass only scales the stored gradients (measured: docs/trainer.md).
     """
 
     @staticmethod
