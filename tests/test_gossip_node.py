@@ -162,3 +162,39 @@ def test_a_host_that_dies_comes_back_on_the_printed_address_with_one_listener(
     assert seen["again"] == seen["printed"]
     assert seen["listeners"] == 1
     assert seen["dialed"]
+
+
+def test_connections_from_one_address_over_the_cap_are_refused(tmp_path: Path) -> None:
+    from node.gossip.limits import Limits
+
+    homes = [tmp_path / name for name in "abcd"]
+    ledgers = [Ledger(home / "ledger.db", campaign="c") for home in homes]
+    limits = Limits(max_conns_per_ip=2, target_peers=0)  # a dials no one: all are inbound
+    a = GossipNode(GossipConfig(home=homes[0], campaign="c", limits=limits), Identity.generate(),
+                   ledgers[0])  # fmt: skip
+    seen: dict = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.run)
+            await a.printed.wait()
+            dialers = []
+            for home, ledger in zip(homes[1:], ledgers[1:], strict=True):
+                config = GossipConfig(home=home, campaign="c", bootstrap=a.addrs[:1])
+                dialers.append(GossipNode(config, Identity.generate(), ledger))
+                nursery.start_soon(dialers[-1].run)
+            with trio.move_on_after(30):
+                while a.counts["connections_refused"] < 1 or len(_connected(a)) < 2:
+                    await trio.sleep(0.1)
+            await trio.sleep(2)  # the refused one keeps trying, with backoff
+            seen["connected"] = _connected(a)
+            seen["dialers"] = {d.peer_id for d in dialers}
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        for ledger in ledgers:
+            ledger.close()
+    assert a.counts["connections_refused"] >= 1, (a.counts, seen)
+    assert len(seen["connected"]) == 2 and seen["connected"] < seen["dialers"]

@@ -41,6 +41,7 @@ class Limits:
     max_pending: int = 64  # at once, from all addresses; the rest of the 250 are for peers
     max_pending_per_ip: int = 16  # at once, from one address; more are refused
     handshake_seconds: float = 5.0  # a handshake not done by then is cut (Noise takes ms)
+    max_conns_per_ip: int = 24  # connections up, with one remote address; its next is refused
     sync_gap: float = 2.0  # seconds between two syncs we serve to one peer (each costs a query)
     standing_every: float = 2.0  # seconds between two judgements of every peer's standing
 

@@ -222,6 +222,14 @@ def author_of(raw: Any) -> str | None:
     return None
 
 
+def _remote_ip(conn: Any) -> str:
+    """The remote IP address of a raw or muxed connection, "?" if it has none."""
+    try:
+        return str(conn.get_remote_address()[0])
+    except Exception:
+        return "?"
+
+
 def _bound(listen: multiaddr.Multiaddr, bound: Any) -> multiaddr.Multiaddr:
     """`listen` with the port the system gave it when it asked for port 0."""
     try:
@@ -283,7 +291,7 @@ class GossipNode:
                                      "rate_limited", "junk", "dropped", "restarts", "dials_failed",
                                      "streams_refused", "window_exceeded", "bad_fetches",
                                      "handshakes_refused", "handshakes_cut",
-                                     "handshakes_timed_out"), 0)  # fmt: skip
+                                     "handshakes_timed_out", "connections_refused"), 0)  # fmt: skip
         self.standing: dict[str, standing.Standing] = {}
         self.silenced: set[str] = set()  # peers that lost standing
         self.banned: set[str] = set()  # of those, banned for refused messages: facts dropped
@@ -329,7 +337,7 @@ class GossipNode:
                         listen_addrs=[self.listen])  # fmt: skip
         network = host.get_network()
         network.set_stream_handler(self._capped_streams(network.common_stream_handler))
-        network.upgrade_inbound_raw_conn = self._gated_handshakes(network.upgrade_inbound_raw_conn)
+        network.upgrade_inbound_raw_conn = self._gated_handshakes(network)
         router = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
             heartbeat_interval=1, adaptive_gossip_enabled=False, spam_protection_enabled=False,
@@ -468,16 +476,25 @@ class GossipNode:
 
         return run
 
-    def _gated_handshakes(self, upgrade: Any) -> Any:
+    def _gated_handshakes(self, network: Any) -> Any:
         """The swarm's inbound handshake (Noise, then Yamux), refused when its address holds too
-        many, cut after `handshake_seconds` or when `HandshakeGate` makes room for a newcomer."""
+        many connections or handshakes, cut after `handshake_seconds` or when `HandshakeGate`
+        makes room for a newcomer."""
+        upgrade = network.upgrade_inbound_raw_conn
         scopes: dict[int, trio.CancelScope] = {}
 
+        def full(address: str) -> bool:
+            conns = network.get_connections()
+            up = sum(1 for conn in conns if _remote_ip(conn.muxed_conn) == address)
+            if up < self.limits.max_conns_per_ip:
+                return False
+            self.counts["connections_refused"] += 1
+            return True
+
         async def run(raw_conn: Any, maddr: Any) -> Any:
-            try:
-                address = str(raw_conn.get_remote_address()[0])
-            except Exception:
-                address = "?"
+            address = _remote_ip(raw_conn)
+            if full(address):  # before the handshake's cost, and again once it is done
+                raise SwarmException(f"{address} holds its share of connections already")
             scope = trio.CancelScope(deadline=trio.current_time() + self.limits.handshake_seconds)
             ticket = id(scope)
             admitted, cut = self.gate.admit(ticket, address)
@@ -491,7 +508,11 @@ class GossipNode:
             scopes[ticket] = scope
             try:
                 with scope:
-                    return await upgrade(raw_conn, maddr)
+                    muxed = await upgrade(raw_conn, maddr)
+                    if not full(address):
+                        return muxed
+                    await muxed.close()
+                    raise SwarmException(f"{address} holds its share of connections already")
             finally:
                 scopes.pop(ticket, None)
                 self.gate.done(ticket)
