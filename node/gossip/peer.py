@@ -483,9 +483,14 @@ class GossipNode:
         upgrade = network.upgrade_inbound_raw_conn
         scopes: dict[int, trio.CancelScope] = {}
 
-        def full(address: str) -> bool:
-            conns = network.get_connections()
-            up = sum(1 for conn in conns if _remote_ip(conn.muxed_conn) == address)
+        def full(address: str, mine: Any = None) -> bool:
+            # The swarm lists a connection before its upgrade returns, in order: `mine` counts
+            # only those listed before it, so that of several at once the last ones go.
+            up = 0
+            for conn in network.get_connections():
+                if conn.muxed_conn is mine:
+                    break
+                up += _remote_ip(conn.muxed_conn) == address
             if up < self.limits.max_conns_per_ip:
                 return False
             self.counts["connections_refused"] += 1
@@ -509,7 +514,7 @@ class GossipNode:
             try:
                 with scope:
                     muxed = await upgrade(raw_conn, maddr)
-                    if not full(address):
+                    if not full(address, mine=muxed):
                         return muxed
                     await muxed.close()
                     raise SwarmException(f"{address} holds its share of connections already")
