@@ -9,8 +9,10 @@ key, ledger and address book. Trio stays inside this package.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -220,6 +222,10 @@ def author_of(raw: Any) -> str | None:
     except Exception:
         pass
     return None
+
+
+# The inbound handshake running in this task, as a callback that ends it once authenticated.
+_HANDSHAKE: contextvars.ContextVar[Any] = contextvars.ContextVar("handshake", default=None)
 
 
 def _remote_ip(conn: Any) -> str:
@@ -480,8 +486,17 @@ class GossipNode:
         """The swarm's inbound handshake (Noise, then Yamux), refused when its address holds too
         many connections or handshakes, cut after `handshake_seconds` or when `HandshakeGate`
         makes room for a newcomer."""
-        upgrade = network.upgrade_inbound_raw_conn
+        upgrade, add_conn = network.upgrade_inbound_raw_conn, network.add_conn
         scopes: dict[int, trio.CancelScope] = {}
+        cut_by_gate: set[int] = set()
+
+        async def add_authenticated(muxed_conn: Any, *args: Any, **kwargs: Any) -> Any:
+            # Noise and Yamux are done: no longer a pending handshake, never cut as one.
+            if (finish := _HANDSHAKE.get()) is not None:
+                finish()
+            return await add_conn(muxed_conn, *args, **kwargs)
+
+        network.add_conn = add_authenticated
 
         def full(address: str, mine: Any = None) -> bool:
             # The swarm lists a connection before its upgrade returns, in order: `mine` counts
@@ -509,8 +524,16 @@ class GossipNode:
             for old in cut:
                 self.counts["handshakes_cut"] += 1
                 if (old_scope := scopes.pop(old, None)) is not None:
+                    cut_by_gate.add(old)
                     old_scope.cancel()
             scopes[ticket] = scope
+
+            def finish() -> None:
+                scope.deadline = math.inf
+                scopes.pop(ticket, None)
+                self.gate.done(ticket)
+
+            token = _HANDSHAKE.set(finish)
             try:
                 with scope:
                     muxed = await upgrade(raw_conn, maddr)
@@ -519,9 +542,11 @@ class GossipNode:
                     await muxed.close()
                     raise SwarmException(f"{address} holds its share of connections already")
             finally:
-                scopes.pop(ticket, None)
-                self.gate.done(ticket)
-            if trio.current_time() >= scope.deadline:
+                _HANDSHAKE.reset(token)
+                finish()
+            if ticket in cut_by_gate:  # counted as cut when it was
+                cut_by_gate.discard(ticket)
+            else:
                 self.counts["handshakes_timed_out"] += 1
             raise SwarmException(f"inbound handshake from {address} cut short")
 
