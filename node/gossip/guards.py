@@ -46,6 +46,8 @@ async def _read_delim_capped(reader: object) -> bytes:
 # connection's streams hold at most streams x window.
 MAX_STREAM_WINDOW = 1 << 20
 _WINDOW_SLACK = 64 << 10  # a frame in flight while our window update travels
+# The hooks below are the process's: the node whose host started last gets them (a process runs
+# one node; tests that run several in one process do not count these per node).
 on_window_exceeded: Callable[[Any], None] | None = None  # the node counts it against the peer
 
 
