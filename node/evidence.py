@@ -192,20 +192,20 @@ def peer_looks(
     ]  # fmt: skip
 
 
-def seed_to_replay(
+def seeds_to_replay(
     looks: Iterable[Mapping[str, Any]],
     me: str,
     author: str,
     device: str,
     tolerance: float,
     contested_only: bool = False,
-) -> int | None:
-    """The seed of another peer's report on a claim that `me`, on `device`, should replay next
-    (`looks`: the claim's verification rows): a contested seed first, since one more report
-    decides it; then (unless `contested_only`) a seed nobody replayed yet, of a peer that no
-    replay corroborated or contradicted on this claim so far. Among several, the draw is by
-    hash of `me` and the seed: nodes that look at once replay different seeds, a peer's in
-    proportion to its reports. None: nothing to replay."""
+) -> list[int]:
+    """The seeds of other peers' reports on a claim that `me`, on `device`, could replay
+    (`looks`: the claim's verification rows), the first to replay first: contested seeds,
+    since one more report decides each; then (unless `contested_only`) seeds nobody replayed
+    yet, of peers that no replay corroborated or contradicted on this claim so far. Within
+    each, in the order of a hash of `me` and the seed: nodes that look at once replay
+    different seeds, a peer's in proportion to its reports."""
     looks = list(looks)
     mine = {v["seed"] for v in looks if v["author"] == me}
     scored = ("child_val_bpb", "parent_val_bpb")
@@ -219,10 +219,11 @@ def seed_to_replay(
     contested = [seed for seed in reporters if (seed, device) in checked.ties]
     known = checked.contradicted | checked.agreed  # peers a replay already judged
     alone = [seed for seed, peers in reporters.items() if len(peers) == 1 and not peers & known]
-    pick = contested if contested or contested_only else alone
-    if not pick:
-        return None
-    return min(pick, key=lambda seed: hashlib.sha256(f"{me} {seed}".encode()).digest())
+
+    def order(seeds: list[int]) -> list[int]:
+        return sorted(seeds, key=lambda seed: hashlib.sha256(f"{me} {seed}".encode()).digest())
+
+    return order(contested) + ([] if contested_only else order(alone))
 
 
 def log_evalue(total: float, n: float, sigma: float, scale: float = MIXTURE) -> float:

@@ -231,16 +231,19 @@ def test_a_replay_is_due_while_a_verdict_rests_on_looks_nobody_replayed():
     results = [result("r1", "a", BASELINE, V1)]
     made_up = [report("r1", "c", 10 + k, 1.50, 1.52) for k in range(3)]
     assert consensus.rests_on_unchecked(results[0], made_up, RULES)
-    seed = evidence.seed_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance)
-    assert seed in (10, 11, 12)
-    assert evidence.seed_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance, True) is None
-    assert evidence.seed_to_replay(made_up, "h1", "a", "gpu", RULES.tolerance) is None
+    seeds = evidence.seeds_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance)
+    assert sorted(seeds) == [10, 11, 12]
+    firsts = {evidence.seeds_to_replay(made_up, f"h{k}", "a", "cpu", RULES.tolerance)[0]
+              for k in range(12)}  # fmt: skip
+    assert firsts == {10, 11, 12}  # nodes that replay at once start from different seeds
+    assert evidence.seeds_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance, True) == []
+    assert evidence.seeds_to_replay(made_up, "h1", "a", "gpu", RULES.tolerance) == []
     tie = [*made_up, report("r1", "h1", 11, 1.531, 1.530)]
-    assert evidence.seed_to_replay(tie, "h2", "a", "cpu", RULES.tolerance, True) == 11
+    assert evidence.seeds_to_replay(tie, "h2", "a", "cpu", RULES.tolerance, True) == [11]
     honest = [report("r1", "b", 10 + k, 1.50, 1.52) for k in range(3)]
     replayed = [*honest, report("r1", "h1", 10, 1.5001, 1.5201)]  # it reproduces: b ran them
     assert not consensus.rests_on_unchecked(results[0], replayed, RULES)
-    assert evidence.seed_to_replay(replayed, "h2", "a", "cpu", RULES.tolerance) is None
+    assert evidence.seeds_to_replay(replayed, "h2", "a", "cpu", RULES.tolerance) == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ def test_a_node_researches_at_once_and_its_paired_runs_measure_its_noise(book, a
     assert landscape.runs == [BASELINE]
     assert (first.sigma, first.sigma_df) == (PROFILE.paired_noise, 0)
     assert first.margin == pytest.approx(2 * PROFILE.paired_noise)
-    seeds = first.seeds(sha(BASELINE))
+    seeds = first.seeds()
     assert book.rows("SELECT seed, description FROM runs") == [
         {"seed": seeds[0], "description": "score"}
     ]
@@ -193,7 +193,7 @@ def test_a_node_drawn_for_a_claim_on_its_head_looks_at_it_at_the_next_step(book,
     checked = worker.step()
     assert isinstance(checked, Verified) and checked.verdict == "confirm"
     assert checked.fact.body["result"] == claim["id"]
-    assert checked.fact.body["seed"] == worker.seeds(sha(BASELINE))[0]
+    assert checked.fact.body["seed"] == worker.seeds()[0]
     assert worker.published[-1].kind == "verification"
     assert worker.head.sha256 == sha(BASELINE)
     worker._speculate()
@@ -205,7 +205,8 @@ def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
     book, alice, bob, carol, tmp_path
 ):
     """A claim on the adopted head that the looks favour is where research goes on while it is
-    judged; once the looks refute it, the node is back on the adopted head."""
+    judged, after a look of the node's own (its first run of the child, on its own seed, is
+    a look); once the looks refute it, the node is back on the adopted head."""
     landscape = Landscape()
     with ledger_of(tmp_path, "bob") as bobs:
         researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
@@ -225,10 +226,12 @@ def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
     worker._speculate()
     assert worker.head.sha256 == sha(BASELINE)  # no look yet, and no gain verified to size it
     look(carol, 0.05, 300)
-    worker._speculate()
-    assert worker.head.sha256 == sha(NARROW)  # favoured by a look
-    for k in range(8):
-        look(DAVE, -0.05, 200 + k)
+    ahead = worker._speculate()  # favoured by a look: first a look of its own
+    assert isinstance(ahead, Verified) and ahead.fact.body["seed"] == worker.seeds()[0]
+    assert worker.head.sha256 == sha(BASELINE)
+    assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)  # its run serves
+    for k in range(9):  # three peers against the two that found a gain (carol, and alice)
+        look((DAVE, ERIN, FRANK)[k % 3], -0.05, 200 + k)
     assert book.standings("test", every=True)[1][claim["id"]].state == "refuted"
     worker._speculate()
     assert worker.head.sha256 == sha(BASELINE) == worker.adopted
@@ -565,12 +568,11 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
         # The first worker's next change builds on the merge, which already holds its own win.
         assert first.step().outcome == "discard"
         assert first.published[-1].body["parent"] == sha(BOTH)
-        # Every experiment paired on two seeds (the node calibrates its noise), each new head
-        # scored on its first: the second worker's FOUR_STEPS ran while the first ran NARROW.
+        # Every experiment paired on two seeds (the node calibrates its noise), the same two
+        # for every version: a kept child's runs are the next head's, so no head runs twice.
         softer = BOTH.replace(*SOFTER[1:])
         assert landscape.runs == [
-            BASELINE, FOUR_STEPS, BASELINE, FOUR_STEPS, NARROW, NARROW,
-            NARROW, BOTH, NARROW, BOTH, BOTH, softer, BOTH, softer,
+            BASELINE, FOUR_STEPS, BASELINE, FOUR_STEPS, NARROW, NARROW, BOTH, BOTH, softer, softer,
         ]  # fmt: skip
 
 
@@ -587,7 +589,7 @@ def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, 
                         crew=crew)  # fmt: skip
     first.start()
     second.start()
-    landscape.seed = first.seeds(sha(BASELINE))[0]  # the first look's run of the child
+    landscape.seed = first.seeds()[0]  # the first look's run of the child
     checked = first.step()  # verifies bob's claim; meanwhile the second worker researches instead
     assert isinstance(checked, Verified) and checked.verdict == "confirm"
     assert [type(s) for s in meanwhile] == [Step] and meanwhile[0].outcome == "discard"
@@ -607,6 +609,8 @@ def test_the_nodes_speed_comes_from_its_own_runs_never_from_a_strangers_claim(bo
 
 
 DAVE = Identity(bytes(range(3, 35)))
+ERIN = Identity(bytes(range(4, 36)))
+FRANK = Identity(bytes(range(5, 37)))
 
 
 def _verified_claim(book, author, verifier, parent: str, child: str, gain: float = 0.05,
@@ -642,11 +646,11 @@ def test_a_node_re_measures_the_head_it_adopts_as_a_look_at_its_claim(book, alic
     assert node.adopted == sha(NARROW) and node.head.sha256 == sha(NARROW)
     looked = node.step()
     assert isinstance(looked, Verified) and looked.fact.body["result"] == claim.id
-    assert looked.fact.body["seed"] == node.seeds(sha(NARROW))[0]
+    assert looked.fact.body["seed"] == node.seeds()[0]
     assert looked.fact.body["delta"] == pytest.approx(-0.05)
     assert landscape.runs.count(NARROW) == 1  # the look's run of the head is the score it uses
     step = node.step()  # research from the head: its first pair needs no new run of the head
-    assert isinstance(step, Step) and step.pairs[0][0] == node.seeds(sha(NARROW))[0]
+    assert isinstance(step, Step) and step.pairs[0][0] == node.seeds()[0]
     seeds = [r["seed"] for r in book.rows("SELECT seed FROM runs WHERE child = ?", (sha(NARROW),))]
     assert len(seeds) == len(set(seeds)) == landscape.runs.count(NARROW)  # never a seed twice
 
@@ -665,18 +669,27 @@ def test_before_any_look_an_author_is_taken_at_its_word_only_for_a_gain_of_the_v
             harness=harness_sha256(PROFILE), seed=1, outcome="keep",
             metrics={"val_bpb": claimed, "steps": 1, "tokens": 1}, pairs=[(1, claimed, 1.5)],
         )  # fmt: skip
-        book.ingest(wire.sign(alice, "result", CAMPAIGN, seq, body).raw)
-        node._speculate()
-        # ten times the largest verified gain: not at its word; the size of one: at its word
-        assert node.head.sha256 == (sha(NARROW) if source == BOTH else sha(NARROW_SOFTCAP))
+        fact = wire.sign(alice, "result", CAMPAIGN, seq, body)
+        book.ingest(fact.raw)
+        ahead = node._speculate()
+        # ten times the largest verified gain: not at its word; the size of one: at its word,
+        # the node's first run of it a look
+        if source == BOTH:
+            assert ahead is None and node.head.sha256 == sha(NARROW)
+        else:
+            assert isinstance(ahead, Verified) and ahead.fact.body["result"] == fact.id
+            # its own look found the child worse: the evidence no longer favours it
+            assert ahead.verdict == "refute" and node._speculate() is None
+            assert node.head.sha256 == sha(NARROW)
 
 
 def test_an_adopter_replays_a_seed_of_looks_nobody_replayed_and_a_made_up_one_is_out(
     book, alice, bob, carol, tmp_path
 ):
-    """A win verified by one peer's looks that no run stands behind: the adopter's re-score
-    replays one of their seeds instead of its own, the scores differ, and the win is no longer
-    verified: the head moves back to the baseline at once."""
+    """A win verified by one peer's looks that no run stands behind: the adopter, drawn as the
+    only peer that neither made nor reported them, re-scores it on one of their seeds instead
+    of its own, the scores differ, and the win is no longer verified: the head moves back to
+    the baseline at once."""
     claim = _verified_claim(book, alice, bob, BASELINE, NARROW, gain=0.05)
     node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=4)
     node.start()

@@ -94,16 +94,18 @@ class Researcher:
         )
         return [r["val_bpb"] for r in rows]
 
-    def seeds(self, parent: str, count: int = 2) -> list[int]:
-        """This node's paired seeds for experiments on `parent`: fixed per node and parent (its
-        workers share them), so that the parent runs once per seed for all its children, and
-        another node's differ."""
+    def seeds(self, count: int = 2) -> list[int]:
+        """This node's seeds, the same for every version it runs (its workers share them) and
+        another node's differ: every comparison it makes is paired on them, so a version runs
+        once per seed for everything it is compared with. The children of its head pair with
+        the head's runs, a kept child's runs are the next head's, and the look at a claim on its
+        head (a verification, the re-score when it adopts it) runs only the child: the parent's
+        run on the seed is already there, and so is the run the node's research from the child
+        pairs with. Its k-th look at one claim runs on its k-th seed."""
         return [
-            int.from_bytes(
-                hashlib.sha256(f"{self.me.peer_id} {parent} {k}".encode()).digest()[:4]
-            ) >> 1
+            int.from_bytes(hashlib.sha256(f"{self.me.peer_id} {k}".encode()).digest()[:4]) >> 1
             for k in range(count)
-        ]  # fmt: skip
+        ]
 
     def score_at(self, source: str, seed: int, why: str = "pair") -> float | None:
         """This node's score of `source` on `seed`: from its runs when it has one (a run is a
@@ -133,11 +135,11 @@ class Researcher:
         return result.val_bpb if result.outcome == "ok" else None
 
     def score(self, source: str) -> float:
-        """This node's own score of `source`: the mean of its runs, measured now (on the first
-        of its seeds for it, which its first child pairs with) if it has none."""
+        """This node's own score of `source`: the mean of its runs, measured now (on its first
+        seed, which its first child pairs with) if it has none."""
         version = self.ledger.add_version(source.encode())
         scores = self.own_scores(version) or [
-            self.score_at(source, self.seeds(version)[0], "score")
+            self.score_at(source, self.seeds()[0], "score")
         ]
         if scores[0] is None:
             raise AgentError(
@@ -215,9 +217,9 @@ class Researcher:
         )
         if claim is not None and not looked and self.margin is not None and self.verify_every:
             # A node that verifies re-measures the head it adopts, unless it looked at it already:
-            # a look at the claim that made it, on the first seed it pairs the head with, so the
-            # look's run of the head is the score it builds on, and the look costs one run of the
-            # head's parent.
+            # a look at the claim that made it, on its first seed: the look's run of the head is
+            # the run its research from the head pairs with, and its run of the head's parent is
+            # there already when it researched from that parent.
             self.rescored = self._look(self._claim_row(claim), "re-score")
         if self.head is not None and self._builds_on(self.head.sha256, best):
             return  # this node's own kept chain already starts from the new head: go on from it
@@ -234,13 +236,16 @@ class Researcher:
         )
         self.proposer.queue_for(self.head.source, merges)
 
-    def _speculate(self) -> None:
+    def _speculate(self) -> Verified | None:
         """Research ahead of the evidence: from the adopted head, move to another peer's claim on
         it that the looks so far favour (a pooled gain above zero, still open or held; before
         any look, the author's claimed gain, when of the size verified on the profile), so that
         the next win is found while this one is being verified; a claim that then fails takes
-        the node back to the adopted head. Its own kept chain goes first. Adoption, the head
-        and every "best" still read verified claims alone."""
+        the node back to the adopted head. Its own kept chain goes first. The node's first run
+        of such a child, on its own first seed, is a look at the claim, returned as the step:
+        the run its research pairs with is evidence for everyone, and adopting the claim later
+        needs no re-score. Adoption, the head and every "best" still read verified claims
+        alone."""
         if self.head is None or self.adopted is None or not self.verify_every:
             return
         _, judged, results = self.ledger.standings(
@@ -277,6 +282,12 @@ class Researcher:
         if not favoured:
             return
         pick = max(favoured, key=lambda r: (self._favour(r, judged[r["id"]]), r["id"]))
+        looked = self.ledger.rows(
+            "SELECT 1 FROM verifications WHERE result = ? AND author = ? LIMIT 1",
+            (pick["id"], self.me.peer_id),
+        )
+        if not looked:  # its first run of the child, on its own first seed, is a look
+            return self._look(pick, "look ahead", find_replay=False)
         source = self.ledger.version(pick["child"]).decode()
         try:
             self.head = Head(source, self.score(source))
@@ -355,11 +366,36 @@ class Researcher:
         steps = [r for r in self._lineage() if r["author"] != self.me.peer_id
                  and mine.get(r["id"], 0) < evidence.PEER_CAP and r["id"] in judged]  # fmt: skip
         replays = {r["id"]: self._replay_seed(r) for r in steps}
-        due = [r for r in steps if replays[r["id"]] is not None] or ([] if replays_only else steps)
+        due = [r for r in steps if replays[r["id"]] is not None]
+        if not due:  # the author's own seed, which its claim's committee replays
+            device = self._device()  # a replay gives the author's numbers on its device class
+            due = [r for r in steps if device and r.get("device") == device
+                   and self._replayer(r) and self._replays_due(r)]  # fmt: skip
+            if due:
+                claim = min(due, key=lambda r: r["id"])
+                return self._look(claim, "audit", author_seed=True)
+        due = due or ([] if replays_only else steps)
         if not due:
             return None
         claim = min(due, key=lambda r: (judged[r["id"]].seeds, r["id"]))
         return self._look(claim, "audit", replays[claim["id"]])
+
+    def _settle(self) -> Verified | None:
+        """A replay of a seed whose reports on a claim disagree with no majority (a look no run
+        stands behind, and the one replay that found it out), when this node is drawn to decide
+        it (`_replay_seed`): the majority then contradicts the peer that made it up, whose
+        looks count on no claim from then on, so one such seed per made-up looker is enough."""
+        _, judged, results = self.ledger.standings(
+            self.profile.name, self.quorum, self.harness, every=True
+        )
+        for claim in results:
+            j = judged.get(claim["id"])
+            if j is None or not j.contested or claim["author"] == self.me.peer_id:
+                continue
+            seed = self._replay_seed(claim, contested_only=True)
+            if seed is not None:
+                return self._look(claim, "audit", replay=seed)
+        return None
 
     def _device(self) -> str:
         """This node's device class, as its latest run on the profile recorded it."""
@@ -370,11 +406,14 @@ class Researcher:
         )
         return rows[0]["device"] if rows else ""
 
-    def _replay_seed(self, claim: dict, contested_only: bool = False) -> int | None:
-        """The seed of another peer's look at `claim` this node should replay
-        (`evidence.seed_to_replay`): a contested one, or (unless `contested_only`) one of a
-        peer no replay corroborated yet, while the claim's verdict rests on such peers'
-        looks (`consensus.rests_on_unchecked`). None when there is none."""
+    def _replay_seed(
+        self, claim: dict, contested_only: bool = False, drawn: bool = True
+    ) -> int | None:
+        """The seed of another peer's look at `claim` this node should replay: a contested one,
+        or (unless `contested_only`) one of a peer no replay corroborated yet, while the claim's
+        verdict rests on such peers' looks (`consensus.rests_on_unchecked`): the first of
+        `evidence.seeds_to_replay`, or (`drawn`) the first this node is drawn to replay
+        (`_replayer`), so that one peer replays each. None when there is none."""
         looks = self.ledger.rows(
             f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
         )
@@ -382,10 +421,11 @@ class Researcher:
         unchecked = not contested_only and consensus.rests_on_unchecked(
             row, looks, self.ledger.rules(self.profile.name, self.quorum)
         )
-        return evidence.seed_to_replay(
+        seeds = evidence.seeds_to_replay(
             looks, self.me.peer_id, claim["author"], self._device(),
             self.profile.replay_tolerance, not unchecked,
         )  # fmt: skip
+        return next((seed for seed in seeds if not drawn or self._replayer(row, seed)), None)
 
     def _kept_parent(self, child: str) -> str | None:
         """The parent of the first kept result that made `child` on the profile; None: none did."""
@@ -438,10 +478,12 @@ class Researcher:
         self.proposer.queue_for(better.source, [merged_in])
 
     def step(self) -> Step | Verified:
-        """One experiment: the look at a newly adopted head's claim (its re-score), else a look
-        at a claim on the adopted head (or the one it researches ahead from: `_speculate`) this
-        node was drawn to judge (`_drawn`), else a replay of a look nobody replayed at a step
-        of the head's lineage, else every AUDIT_EVERY-th step an audit of the head's lineage,
+        """One experiment: the look at a newly adopted head's claim (its re-score), else the
+        look at a claim it is about to research ahead from (`_speculate`), else the replay of a
+        contested seed it is drawn to decide (`_settle`), else a look at a claim on the adopted
+        head (or the one it researches ahead from) this node was drawn to judge (`_drawn`), else
+        a replay it is drawn for at a step of the head's lineage (a look nobody replayed, or the
+        author's seed), else every AUDIT_EVERY-th step an audit of the head's lineage,
         else a verification of a peer's claim (every `verify_every`-th step, when one is open),
         else a research step from the head, else (when the proposer has nothing, or its model
         failed or its budget is spent) a verification after all. Publishes what it signed. A
@@ -452,13 +494,19 @@ class Researcher:
         self._update_noise()
         self.adopt()
         self._follow_crew()
-        self._speculate()
+        ahead = self._speculate()
         self.steps += 1
         claims = self._open_claims(limit=1000)
         self.pending = len(claims)
         if self.rescored is not None:  # adopting, it re-measured the head: that was the step
             looked, self.rescored = self.rescored, None
             return looked
+        if ahead is not None:  # it looked at the claim it will research ahead from
+            return ahead
+        if self.verify_every:  # a seed whose reports disagree, that this node is drawn to decide
+            settled = self._settle()
+            if settled is not None:
+                return settled
         if self.verify_every:  # a claim on the adopted head this node was drawn to judge
             on_head = [c for c in claims if c["parent"] in (self.adopted, self.head.sha256)]
             for claim in self._drawn(on_head)[:1]:
@@ -498,7 +546,7 @@ class Researcher:
         seeds for it, kept by the node's margin (`research_step`)."""
         return research_step(
             self.ledger, self.me, self.proposer, head, self.sigma, self.profile, self.data,
-            self.work_dir, seeds=self.seeds(head.sha256),
+            self.work_dir, seeds=self.seeds(),
             parent_score=lambda seed: self.score_at(head.source, seed),
             calibrating=self.sigma_df < CALIBRATION_DF, program=self.program, check=self.check,
             on_event=self._event, run=self._run, crew=self.crew,
@@ -521,21 +569,41 @@ class Researcher:
         return claims[:limit]
 
     def _drawn(self, claims: list) -> list:
-        """The claims this node is drawn to judge at once: those whose committee it sits on (in
-        a campaign with members, the only claims `_open_claims` gives), else those where it is
-        among the first of the committee's size by the same hash over the peers active in the
-        last ACTIVE_MS, this one included. Nobody picks them, and they look in parallel at the
-        next step."""
-        rules = self.ledger.rules(self.profile.name, self.quorum)
-        if rules.members is not None or not claims:
+        """The claims this node is drawn to judge at once: those whose committee it sits on
+        (`consensus.committee`, drawn from `_pool`). Nobody picks them, and they look in
+        parallel at the next step."""
+        if not claims:
             return claims
+        pool, size = self._pool(), self.ledger.rules(self.profile.name, self.quorum).committee_size
+        return [c for c in claims
+                if self.me.peer_id in consensus.committee(c["id"], c["author"], pool, size)]  # fmt: skip
+
+    def _replayer(self, claim: dict, seed: int | None = None) -> bool:
+        """Whether this node is drawn to replay a seed of `claim`, its author's (None) or that
+        of other peers' looks: the first of those drawn for the seed (`consensus.committee`,
+        from `_pool`, less the peers that reported it), and one more every ACTIVE_MS since the
+        claim was made, so that one peer replays it and another steps in when that one left."""
+        rules = self.ledger.rules(self.profile.name, self.quorum)
+        waited = max(0, self.ledger.clock() - claim["time"]) // ACTIVE_MS
+        pool, key = self._pool(), claim["id"]
+        if seed is not None:
+            key = f"{claim['id']}:{seed}"
+            pool = pool - {r["author"] for r in self.ledger.rows(
+                "SELECT author FROM verifications WHERE result = ? AND seed = ?", (claim["id"], seed))}  # fmt: skip
+        ranked = consensus.committee(key, claim["author"], pool, rules.committee_size)
+        return self.me.peer_id in ranked[: 1 + waited]
+
+    def _pool(self) -> frozenset[str]:
+        """Whom a claim's committee is drawn from: the campaign's members, or, in an open
+        campaign, the peers active in the last ACTIVE_MS, this one included (so a peer that
+        left drops out of the draw within that time, and the next in rank takes its place)."""
+        members = self.ledger.rules(self.profile.name, self.quorum).members
+        if members is not None:
+            return members
         rows = self.ledger.rows(
             "SELECT peer_id FROM peers WHERE last_seen >= ?", (self.ledger.clock() - ACTIVE_MS,)
         )
-        active = {r["peer_id"] for r in rows} | {self.me.peer_id}
-        size = rules.committee_size
-        return [c for c in claims
-                if self.me.peer_id in consensus.committee(c["id"], c["author"], active, size)]  # fmt: skip
+        return frozenset(r["peer_id"] for r in rows) | {self.me.peer_id}
 
     def _verify_one(self) -> Verified | None:
         busy = self.crew.in_hand("verify")  # claims another worker of this node is verifying
@@ -550,28 +618,37 @@ class Researcher:
         return rows[0] if rows else None
 
     def _replays_due(self, claim: dict) -> bool:
-        """Whether a verification of `claim` should still replay its author's seed: until as many
-        peers did as sit on a committee (`consensus.Rules.committee_size`), whose majority then
-        decides a misreport; more replays of one seed tell nothing new."""
+        """Whether the author's seed of `claim` should still be replayed: until one
+        peer's replay gave the signed score, with none differing; once replays differ, until as
+        many peers replayed as sit on a committee (`consensus.Rules.committee_size`), whose
+        majority then decides (`evidence.judge`). More replays of one seed tell nothing new."""
         rules = self.ledger.rules(self.profile.name, self.quorum)
-        done = self.ledger.rows(
-            "SELECT COUNT(DISTINCT author) AS n FROM verifications WHERE result = ? "
+        rows = self.ledger.rows(
+            "SELECT author, replay_val_bpb, verdict FROM verifications WHERE result = ? "
             "AND (replay_val_bpb IS NOT NULL OR verdict = 'misreported')",
             (claim["id"],),
-        )[0]["n"]
-        return done < rules.committee_size
+        )
+        signed = evidence.claimed_first_score(claim)
+        off = {r["author"] for r in rows if r["verdict"] == "misreported" or signed is None
+               or abs(r["replay_val_bpb"] - signed) > self.profile.replay_tolerance}  # fmt: skip
+        agree = {r["author"] for r in rows} - off
+        return not agree if not off else len(agree | off) < rules.committee_size
 
-    def _look(self, claim: dict, why: str, replay: int | None = None) -> Verified | None:
-        """One look at a claim (a verification, an adopter's re-score, an audit), published:
-        the child on this node's next seed for it, paired with its own score of the parent.
-        Verifications also replay the author's seed (`verify_claim`), until a committee's worth
-        of peers did (`_replays_due`); re-scores and audits, which every adopter makes, do not:
-        the verifiers' replays are what catches a misreport. A re-score or an audit runs on the
-        seed of another peer's look that nobody replayed yet, and a verification on a contested
-        one, when there is one (`_replay_seed`): a look no run stands behind is then
-        contradicted. Otherwise a re-score's seed is the first this node pairs the adopted head
-        with, so that the look costs one run of the parent. `replay`: the seed to replay, when
-        the caller found it already. None when another worker has it or it cannot run here."""
+    def _look(
+        self, claim: dict, why: str, replay: int | None = None, author_seed: bool = False,
+        find_replay: bool = True,
+    ) -> Verified | None:
+        """One look at a claim (a verification, an adopter's re-score, a look ahead, an audit),
+        published: the child on this node's next seed for it (its k-th look at the claim, its
+        k-th seed), paired with its own score of the parent. A re-score or an audit runs instead
+        on the seed of another peer's look that no replay corroborated yet, while the claim's
+        verdict rests on such looks (every adopter re-scores, each on a seed spread by hash; an
+        audit only when drawn for the seed: `_replay_seed`), and a verification on a contested
+        seed: a look no run stands behind is then contradicted. `author_seed`: replay the
+        author's first seed too (`verify_claim`), which the peer drawn for it does in an audit
+        (`_replays_due`). `replay`: the seed to replay, when the caller found it already;
+        `find_replay` False: this node's own seed, whatever the other looks. None when another
+        worker has it or it cannot run here."""
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
         if not self.crew.take("verify", claim["id"]):
             return None
@@ -581,12 +658,10 @@ class Researcher:
             "SELECT COUNT(*) AS n FROM verifications WHERE result = ? AND author = ?",
             (claim["id"], self.me.peer_id),
         )[0]["n"]
-        seed = self.seeds(claim["parent"], looks + 1)[looks]
-        if why == "re-score":
-            seed = self.seeds(claim["child"])[0]
-        if replay is None:  # a verification decides a contested report first; a re-score or
-            # an audit replays any
-            replay = self._replay_seed(claim, contested_only=why == "verify")
+        seed = self.seeds(looks + 1)[looks]
+        if replay is None and find_replay:  # a verification decides a contested report
+            # first; a re-score or an audit replays any
+            replay = self._replay_seed(claim, why == "verify", drawn=why != "re-score")
         seed = seed if replay is None else replay
         try:
             verified = verify_claim(
@@ -595,7 +670,7 @@ class Researcher:
                 parent_score=None if parent is None
                 else functools.partial(self.score_at, parent.decode(), why=why),
                 check=self.check, run=self._run,
-                replay=why == "verify" and self._replays_due(claim),
+                replay=author_seed,
             )  # fmt: skip
         except AgentError as exc:
             self._set(f"cannot {why} {claim['id'][:12]}: {exc}"[:200])

@@ -70,7 +70,7 @@ class KeepIfLower(Researcher):
     def _research(self, head: Head) -> Step:
         return research_step(
             self.ledger, self.me, self.proposer, head, self.sigma, self.profile, self.data,
-            self.work_dir, seeds=self.seeds(head.sha256, 1),
+            self.work_dir, seeds=self.seeds(1),
             parent_score=lambda seed: self.score_at(head.source, seed), check=self.check,
             run=self._run, crew=self.crew, margin=lambda runs: 0.0,
         )  # fmt: skip

@@ -169,7 +169,7 @@ class Simulation:
     def count_run(self, node: SimNode, text: str) -> None:
         self.runs += 1
         doing = node.researcher.doing
-        purpose = next((p for prefix, p in (("verify", "verify"), ("re-score", "adopt"),
+        purpose = next((p for prefix, p in (("verify", "verify"), ("re-score", "adopt"), ("look ahead", "adopt"),
                                             ("audit", "audit")) if doing.startswith(prefix)),
                        "research")  # fmt: skip
         self.runs_by_purpose[purpose] += 1
