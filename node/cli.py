@@ -335,7 +335,7 @@ def join_cmd(
     max_cost: Annotated[float, typer.Option("--max-cost", help="Dollars this node may spend on the model, in all.")] = 5.0,
     campaign: Annotated[str, typer.Option("--campaign", help="A campaign file (swarm campaign new), or a name for a campaign on the built-in baseline; nodes of other campaigns never mix facts.")] = "default",
     quorum: Annotated[int | None, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted (default: the campaign file's, else 1).")] = None,
-    gpus: Annotated[str, typer.Option("--gpus", help="'all' or how many GPUs to use: one research worker each.")] = "all",
+    gpus: Annotated[str, typer.Option("--gpus", help="'all' or how many GPUs to use: two research workers each, taking turns.")] = "all",
     verify_every: Annotated[int, typer.Option("--verify-every", help="Every n-th experiment re-runs a peer's claim (0: never verify).")] = 4,
     listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
     data: DataOption = None,

@@ -31,11 +31,13 @@ from node.identity import load_identity
 if TYPE_CHECKING:
     from node.agent.crew import Crew
     from node.trainer.compile_cache import CompileCache
+    from node.trainer.runner import GpuTurns
 
 log = logging.getLogger(__name__)
 STATUS_DIR = "status"  # HOME/status/worker-N.json, written by each worker as it goes
 IDLE_AFTER_REFUSALS = 3  # refused steps in a row before a worker waits for news
 IDLE_SECONDS = 30.0
+WORKERS_PER_GPU = 2  # research workers a GPU: one run starts up while the other trains
 
 
 class NodeError(SwarmError):
@@ -75,6 +77,17 @@ def worker_devices(profile_device: str, gpus: str) -> list[int | None]:
     return list(range(wanted))
 
 
+def worker_slots(devices: list[int | None]) -> list[tuple[int | None, GpuTurns | None]]:
+    """Each research worker's device and the turns it shares with the others on it:
+    WORKERS_PER_GPU on each GPU, whose runs take turns (one starts up and compiles while the
+    other trains: `GpuTurns`, docs/node.md), and one on the CPU."""
+    from node.trainer.runner import GpuTurns
+
+    turns = {device: GpuTurns() for device in devices if device is not None}
+    return [(device, turns.get(device)) for device in devices
+            for _ in range(1 if device is None else WORKERS_PER_GPU)]  # fmt: skip
+
+
 def _program_text() -> str:
     path = Path(__file__).resolve().parents[1] / "program.md"
     return path.read_text() if path.is_file() else ""
@@ -104,7 +117,7 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
         say("no sandbox (bubblewrap) on this machine: this node runs only its own train.py versions and those "
             f"of the {len(config.trust)} peer(s) you trust (--trust PEER_ID); install bubblewrap (apt-get install "
             "bubblewrap) to verify everyone's, or pass --no-sandbox in a group you trust")
-    devices = worker_devices(profile.device, config.gpus)
+    slots = worker_slots(worker_devices(profile.device, config.gpus))
     tokens = prepare_data(profile, data_dir(home), say)
     if campaign is not None:
         check_data(campaign, profile.name, tokens.manifest)
@@ -118,7 +131,7 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
         say(warning)
     stop = stop or threading.Event()
     say(f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
-        f"{len(devices)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}, "
+        f"{len(slots)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}, "
         f"{profile.budget_tokens} training tokens a run")
 
     failures: list[BaseException] = []
@@ -135,9 +148,9 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     compiled = CompileCache(compiled_dir(home))  # one store for all workers
     crew = Crew()  # the workers share the experiments in hand and the node's own keeps
     threads += [threading.Thread(target=_work, args=(config, profile, index, device, tokens, compiled, crew, stop,
-                                                     failures),
+                                                     failures, turns),
                                  name=f"worker-{index}", daemon=True)
-                for index, device in enumerate(devices)]
+                for index, (device, turns) in enumerate(slots)]
     def on_signal(signum: int, _frame) -> None:  # Ctrl-C or a service manager's stop
         say(f"stopping ({signal.Signals(signum).name}): ending the current run")
         stop.set()
@@ -220,7 +233,7 @@ def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
 
 
 def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, compiled: CompileCache,
-          crew: Crew, stop: threading.Event, failures: list[BaseException]) -> None:
+          crew: Crew, stop: threading.Event, failures: list[BaseException], turns=None) -> None:
     """One research worker: its own ledger connection and proposer, step after step until stopped."""
     from node.agent import AgentError, LLMProposer, OfflineProposer
     from node.agent.researcher import Researcher
@@ -239,7 +252,7 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, c
 
     confined = config.sandbox is not False and sandbox_available()
     trusted = None if confined or config.sandbox is False else set(config.trust).__contains__
-    run = functools.partial(run_experiment, sandbox=confined, cancel=stop, gpu=device)
+    run = functools.partial(run_experiment, sandbox=confined, cancel=stop, gpu=device, turns=turns)
     try:
         with Ledger(ledger_path(home), campaign=config.campaign) as ledger:
             researcher = Researcher(

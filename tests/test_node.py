@@ -126,3 +126,13 @@ def test_a_node_whose_builtin_baseline_moved_since_its_first_runs_says_so(tmp_pa
 
     assert baseline_moved(home, CAMPAIGN, "test") is None
     assert baseline_moved(tmp_path / "new", CAMPAIGN, "test") is None  # no ledger: nothing moved
+
+
+def test_two_workers_take_turns_on_each_gpu_and_one_works_on_the_cpu():
+    from node.node import WORKERS_PER_GPU, worker_slots
+
+    slots = worker_slots([0, 1])
+    assert [device for device, _ in slots] == [0] * WORKERS_PER_GPU + [1] * WORKERS_PER_GPU
+    first, second = {id(t) for d, t in slots if d == 0}, {id(t) for d, t in slots if d == 1}
+    assert len(first) == len(second) == 1 and first != second  # one GpuTurns a device, shared
+    assert worker_slots([None]) == [(None, None)]
