@@ -67,13 +67,14 @@ class Judgement:
     reason: str = ""
     contradicted: tuple[str, ...] = ()  # peers whose report of a seed the replays contradict
     contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
+    awaits_replay: bool = False  # verified but for its author's claim, which a replay must back
 
     def as_dict(self) -> dict:
         return {"state": self.state, "gain": self.gain, "se": self.se, "seeds": self.seeds,
                 "sigma": self.sigma, "peers": list(self.peers), "outliers": list(self.outliers),
                 "disputed": self.disputed, "author_z": self.author_z,
                 "contradicted": list(self.contradicted), "contested": list(self.contested),
-                "reason": self.reason}  # fmt: skip
+                "awaits_replay": self.awaits_replay, "reason": self.reason}  # fmt: skip
 
 
 def _floats(value: Any) -> list[float]:
@@ -315,6 +316,8 @@ def judge(
     - void: at least `quorum` peers' harnesses refused the child's run, more than scored it;
     - verified: the pooled gain passes the sequential test for a gain above zero (`log_evalue`,
       at ALPHA) with the quorum - 1 most favourable peers left out, at least `quorum` peers;
+      but open, `awaits_replay`, while the author's claimed gain lies more than OUTLIER_Z
+      standard errors above the pooled estimate and no replay of its seed gave its numbers;
     - refuted: the same test says the gain is below FUTILITY sigmas, with the quorum - 1 least
       favourable peers left out;
     - open: neither yet, or disputed (no majority of the peers agrees: `_outliers`). A state is
@@ -366,6 +369,14 @@ def judge(
     if disputed:
         return Judgement("open", **base, reason="disputed: no majority of its verifiers agree")
     if _passes(pool, quorum, sigma, 0.0, +1):
+        if author_z is not None and author_z > OUTLIER_Z and len(replays) == len(off):
+            # The author signed a gain its verifiers' looks cannot explain: its numbers are
+            # taken only once a replay of its own seed gives them.
+            return Judgement(
+                "open", **base, awaits_replay=True,
+                reason=f"its author's claimed gain lies {author_z:.1f} standard errors above "
+                f"what its verifiers measured: it waits for a replay of the author's seed",
+            )  # fmt: skip
         return Judgement("verified", **base, reason=_summary(gain, se, n, len(pool), checked))
     if _passes(pool, quorum, sigma, FUTILITY * sigma, -1):
         return Judgement("refuted", **base, reason=_summary(gain, se, n, len(pool), checked))

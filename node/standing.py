@@ -107,11 +107,13 @@ def _tally(
         author = of(r["author"])
         for peer in () if j is None else j.contradicted:  # whatever the claim's state
             of(peer)["contradicted"].append(r["id"])
-        if j is None or j.state not in DECIDED or j.disputed:
+        # A claim whose looks would verify it but for its author's far higher word
+        # (`awaits_replay`) tells as much of its author as a decided one.
+        if j is None or j.disputed or not (j.state in DECIDED or j.awaits_replay):
             continue
         author["claims"] += 1
         author["verified"] += j.state in ("verified", consensus.HELD)
-        author["failed"] += j.state not in ("verified", consensus.HELD)
+        author["failed"] += j.state in DECIDED and j.state not in ("verified", consensus.HELD)
         if j.state in consensus.DISQUALIFYING:
             author[j.state].append(r["id"])
         elif j.author_z is not None and j.author_z > evidence.OUTLIER_Z:

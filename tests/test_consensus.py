@@ -178,6 +178,21 @@ def test_a_committee_is_drawn_by_hash_without_the_author_and_nobody_else_counts(
     assert state(results, looks("r1", panel[0], [0.05] * 4), r) in ("verified", HELD)
 
 
+def test_a_win_whose_author_claimed_far_more_waits_for_a_replay_of_the_authors_seed():
+    """The looks verify a gain, but the author signed one far above it: not verified until a
+    replay of the author's seed gives the signed numbers, misreported when replays do not."""
+    results = [result("r1", "a", BASELINE, V1, claimed=0.5)]  # 50 times what its peers see
+    seen = looks("r1", "b", [0.01] * 4) + looks("r1", "c", [0.01] * 4)
+    honest = [result("r1", "a", BASELINE, V1, claimed=0.01)]
+    assert state(honest, seen) in ("verified", HELD)
+    judged = judge_claims(results, seen, RULES)["r1"]
+    assert judged.state == "open" and judged.awaits_replay and "replay" in judged.reason
+    backed = [*seen, look("r1", "d", 0.01, seed=200, replay=1.5 - 0.5)]  # the signed score
+    assert state(results, backed) in ("verified", HELD)
+    denied = [*seen, look("r1", "d", 0.01, seed=200, replay=1.49)]  # what a run of it gives
+    assert state(results, denied) == "misreported"
+
+
 def report(rid, author, seed, child, parent, device="cpu"):
     """A look that signs both of its scores, as a node's does: child and parent on `seed`."""
     verdict = "confirm" if parent > child else "refute"

@@ -614,15 +614,16 @@ FRANK = Identity(bytes(range(5, 37)))
 
 
 def _verified_claim(book, author, verifier, parent: str, child: str, gain: float = 0.05,
-                    replayed_by: Identity | None = None) -> wire.Fact:  # fmt: skip
-    """`author`'s kept claim of `child` on `parent`, with `verifier`'s looks enough to verify it,
-    and `replayed_by`'s replays of the same seeds with the same scores, if given."""
+                    replayed_by: Identity | None = None, claimed: float = 0.05) -> wire.Fact:  # fmt: skip
+    """`author`'s kept claim of `child` on `parent` (of a gain of `claimed`), with `verifier`'s
+    looks enough to verify it, and `replayed_by`'s replays of the same seeds with the same
+    scores, if given."""
     for source in (parent, child):
         book.add_version(source.encode())
     body = wire.result_body(
         parent=sha(parent), child=sha(child), diff=b"d", description="a win", profile="test",
         harness=harness_sha256(PROFILE), seed=1, outcome="keep",
-        metrics={"val_bpb": 1.45, "steps": 1, "tokens": 1}, pairs=[(1, 1.45, 1.5)],
+        metrics={"val_bpb": 1.5 - claimed, "steps": 1, "tokens": 1}, pairs=[(1, 1.5 - claimed, 1.5)],
     )  # fmt: skip
     fact = wire.sign(author, "result", CAMPAIGN, book.next_seq(author.public_key), body)
     book.ingest(fact.raw)
@@ -705,7 +706,8 @@ def test_looks_that_revoke_an_adopted_win_move_every_node_back(book, alice, bob,
     """A win verified by lucky looks (two peers ran the same seeds): the adopter's re-score and
     later audits find no gain, the pooled evidence no longer verifies it, and the head moves
     back to the baseline."""
-    _verified_claim(book, alice, bob, BASELINE, SOFTCAP, gain=0.03, replayed_by=DAVE)  # really +0.02
+    _verified_claim(book, alice, bob, BASELINE, SOFTCAP, gain=0.03, replayed_by=DAVE,
+                    claimed=0.03)  # really +0.02
     node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=1)
     node.start()  # adopts it, and re-scores it: one look
     assert node.adopted == sha(SOFTCAP) and node.rescored is not None

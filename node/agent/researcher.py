@@ -646,7 +646,8 @@ class Researcher:
         audit only when drawn for the seed: `_replay_seed`), and a verification on a contested
         seed: a look no run stands behind is then contradicted. `author_seed`: replay the
         author's first seed too (`verify_claim`), which the peer drawn for it does in an audit
-        (`_replays_due`). `replay`: the seed to replay, when the caller found it already;
+        (`_replays_due`), and a verification does when the claim awaits it (its author claimed a
+        gain far above what its verifiers measured: `evidence.judge`). `replay`: the seed to replay, when the caller found it already;
         `find_replay` False: this node's own seed, whatever the other looks. None when another
         worker has it or it cannot run here."""
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
@@ -663,6 +664,12 @@ class Researcher:
             # first; a re-score or an audit replays any
             replay = self._replay_seed(claim, why == "verify", drawn=why != "re-score")
         seed = seed if replay is None else replay
+        if why == "verify" and not author_seed:  # an author's word its verifiers doubt
+            _, judged, _ = self.ledger.standings(
+                self.profile.name, self.quorum, self.harness, every=True
+            )
+            j = judged.get(claim["id"])
+            author_seed = j is not None and j.awaits_replay and self._replays_due(claim)
         try:
             verified = verify_claim(
                 self.ledger, self.me, claim, self.margin, self.profile, self.data,
