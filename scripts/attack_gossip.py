@@ -15,6 +15,7 @@ Each prints one line per stage (`started ...`, `done ...`) so that a caller can 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import struct
@@ -43,18 +44,35 @@ def _tcp_target(addr: str) -> tuple[str, int]:
 # ------------------------------------------------------------ junk on /meshsub from fresh keys
 
 
+@contextlib.asynccontextmanager
+async def _gossip_peer(key):
+    """A real GossipSub peer of libp2p key pair `key` on loopback, (host, pubsub) while the
+    block runs: the node registers it (opens its own stream to it) like any honest peer."""
+    import multiaddr
+    from libp2p import new_host
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+    from libp2p.pubsub.pubsub import Pubsub
+    from libp2p.tools.anyio_service import background_trio_service
+
+    host = new_host(key_pair=key, muxer_preference="YAMUX")
+    router = GossipSub(protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4,
+                       degree_high=12, heartbeat_interval=1)  # fmt: skip
+    pubsub = Pubsub(host, router, strict_signing=True)
+    async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]), \
+            background_trio_service(pubsub), background_trio_service(router):  # fmt: skip
+        await pubsub.wait_until_ready()
+        yield host, pubsub
+
+
 def junk(addr: str, senders: int) -> None:
     """`senders` fresh identities, one after the other, each dials and sends frames on the
     GossipSub stream that are not protobuf: what killed 0.8.1 hosts (DecodeError) and, after that
     was guarded, raced the node's ban against the library's teardown (KeyError)."""
     import multiaddr
     import trio
-    from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.peerinfo import info_from_p2p_addr
-    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
-    from libp2p.pubsub.pubsub import Pubsub
-    from libp2p.tools.anyio_service import background_trio_service
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
     from libp2p.utils.varint import encode_uvarint
 
     from node.identity import Identity
@@ -64,15 +82,9 @@ def junk(addr: str, senders: int) -> None:
 
     async def one(n: int) -> None:
         me = Identity.generate()
-        host = new_host(key_pair=create_new_key_pair(me.seed), muxer_preference="YAMUX")
-        # A real GossipSub peer, so that the node registers it (opens its own stream to us)
-        # before the junk arrives: the ban then has a registered peer to tear down.
-        router = GossipSub(protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4,
-                           degree_high=12, heartbeat_interval=1)  # fmt: skip
-        pubsub = Pubsub(host, router, strict_signing=True)
-        async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]), \
-                background_trio_service(pubsub), background_trio_service(router):  # fmt: skip
-            await pubsub.wait_until_ready()
+        # A real GossipSub peer, so that the node registers it before the junk arrives: the ban
+        # then has a registered peer to tear down.
+        async with _gossip_peer(create_new_key_pair(me.seed)) as (host, pubsub):
             _say("junker", n, me.peer_id)
             try:
                 with trio.fail_after(20):
@@ -105,14 +117,11 @@ def invalid_flood(addr: str, campaign: str, count: int) -> None:
     but not a fact: the first 20 points get it banned, and every one after must still count."""
     import multiaddr
     import trio
-    from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.peerinfo import info_from_p2p_addr
-    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
     from libp2p.pubsub.pb import rpc_pb2
-    from libp2p.pubsub.pubsub import Pubsub
     from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
-    from libp2p.tools.anyio_service import background_trio_service
     from libp2p.utils.varint import encode_uvarint
 
     from node.gossip.peer import topic_for
@@ -125,13 +134,7 @@ def invalid_flood(addr: str, campaign: str, count: int) -> None:
     async def main() -> None:
         me = Identity.generate()
         key = create_new_key_pair(me.seed)
-        host = new_host(key_pair=key, muxer_preference="YAMUX")
-        router = GossipSub(protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4,
-                           degree_high=12, heartbeat_interval=1)  # fmt: skip
-        pubsub = Pubsub(host, router, strict_signing=True)
-        async with host.run(listen_addrs=[multiaddr.Multiaddr(LOOPBACK)]), \
-                background_trio_service(pubsub), background_trio_service(router):  # fmt: skip
-            await pubsub.wait_until_ready()
+        async with _gossip_peer(key) as (host, pubsub):
             _say("attacker", me.peer_id)
             with trio.fail_after(20):
                 await host.connect(info)
