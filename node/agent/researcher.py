@@ -380,23 +380,6 @@ class Researcher:
         claim = min(due, key=lambda r: (judged[r["id"]].seeds, r["id"]))
         return self._look(claim, "audit", replays[claim["id"]])
 
-    def _settle(self) -> Verified | None:
-        """A replay of a seed whose reports on a claim disagree with no majority (a look no run
-        stands behind, and the one replay that found it out), when this node is drawn to decide
-        it (`_replay_seed`): the majority then contradicts the peer that made it up, whose
-        looks count on no claim from then on, so one such seed per made-up looker is enough."""
-        _, judged, results = self.ledger.standings(
-            self.profile.name, self.quorum, self.harness, every=True
-        )
-        for claim in results:
-            j = judged.get(claim["id"])
-            if j is None or not j.contested or claim["author"] == self.me.peer_id:
-                continue
-            seed = self._replay_seed(claim, contested_only=True)
-            if seed is not None:
-                return self._look(claim, "audit", replay=seed)
-        return None
-
     def _device(self) -> str:
         """This node's device class, as its latest run on the profile recorded it."""
         rows = self.ledger.rows(
@@ -479,9 +462,9 @@ class Researcher:
 
     def step(self) -> Step | Verified:
         """One experiment: the look at a newly adopted head's claim (its re-score), else the
-        look at a claim it is about to research ahead from (`_speculate`), else the replay of a
-        contested seed it is drawn to decide (`_settle`), else a look at a claim on the adopted
-        head (or the one it researches ahead from) this node was drawn to judge (`_drawn`), else
+        look at a claim it is about to research ahead from (`_speculate`), else a look at a
+        claim on the adopted head (or the one it researches ahead from) this node was drawn to
+        judge (`_drawn`), else
         a replay it is drawn for at a step of the head's lineage (a look nobody replayed, or the
         author's seed), else every AUDIT_EVERY-th step an audit of the head's lineage,
         else a verification of a peer's claim (every `verify_every`-th step, when one is open),
@@ -503,10 +486,6 @@ class Researcher:
             return looked
         if ahead is not None:  # it looked at the claim it will research ahead from
             return ahead
-        if self.verify_every:  # a seed whose reports disagree, that this node is drawn to decide
-            settled = self._settle()
-            if settled is not None:
-                return settled
         if self.verify_every:  # a claim on the adopted head this node was drawn to judge
             on_head = [c for c in claims if c["parent"] in (self.adopted, self.head.sha256)]
             for claim in self._drawn(on_head)[:1]:
@@ -665,11 +644,12 @@ class Researcher:
             replay = self._replay_seed(claim, why == "verify", drawn=why != "re-score")
         seed = seed if replay is None else replay
         if why == "verify" and not author_seed:  # an author's word its verifiers doubt
-            _, judged, _ = self.ledger.standings(
-                self.profile.name, self.quorum, self.harness, every=True
+            rows = self.ledger.rows(
+                f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
             )
-            j = judged.get(claim["id"])
-            author_seed = j is not None and j.awaits_replay and self._replays_due(claim)
+            rules = self.ledger.rules(self.profile.name, self.quorum)
+            j = consensus.judge_claim(claim, rows, rules)
+            author_seed = j.awaits_replay and self._replays_due(claim)
         try:
             verified = verify_claim(
                 self.ledger, self.me, claim, self.margin, self.profile, self.data,
