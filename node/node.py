@@ -233,7 +233,8 @@ def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
 
 
 def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, compiled: CompileCache,
-          crew: Crew, stop: threading.Event, failures: list[BaseException], turns=None) -> None:
+          crew: Crew, stop: threading.Event, failures: list[BaseException],
+          turns: GpuTurns | None = None) -> None:
     """One research worker: its own ledger connection and proposer, step after step until stopped."""
     from node.agent import AgentError, LLMProposer, OfflineProposer
     from node.agent.researcher import Researcher

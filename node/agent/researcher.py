@@ -567,8 +567,10 @@ class Researcher:
         pool, key = self._pool(), claim["id"]
         if seed is not None:
             key = f"{claim['id']}:{seed}"
-            pool = pool - {r["author"] for r in self.ledger.rows(
-                "SELECT author FROM verifications WHERE result = ? AND seed = ?", (claim["id"], seed))}  # fmt: skip
+            reported = self.ledger.rows(
+                "SELECT author FROM verifications WHERE result = ? AND seed = ?", (claim["id"], seed)
+            )
+            pool = pool - {r["author"] for r in reported}
         ranked = consensus.committee(key, claim["author"], pool, rules.committee_size)
         return self.me.peer_id in ranked[: 1 + waited]
 
@@ -626,9 +628,9 @@ class Researcher:
         seed: a look no run stands behind is then contradicted. `author_seed`: replay the
         author's first seed too (`verify_claim`), which the peer drawn for it does in an audit
         (`_replays_due`), and a verification does when the claim awaits it (its author claimed a
-        gain far above what its verifiers measured: `evidence.judge`). `replay`: the seed to replay, when the caller found it already;
-        `find_replay` False: this node's own seed, whatever the other looks. None when another
-        worker has it or it cannot run here."""
+        gain far above what its verifiers measured: `evidence.judge`). `replay`: the seed to
+        replay, when the caller found it already; `find_replay` False: this node's own seed,
+        whatever the other looks. None when another worker has it or it cannot run here."""
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
         if not self.crew.take("verify", claim["id"]):
             return None
