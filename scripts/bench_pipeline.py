@@ -25,7 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-from node.trainer import BASELINE_TRAIN_PY, get_profile, prepare_data, run_experiment
+from bench_trainer import write_variant  # this script's folder is on the path
+
+from node.trainer import get_profile, prepare_data, run_experiment
 from node.trainer.compile_cache import CompileCache
 from node.trainer.runner import GpuTurns
 
@@ -38,17 +40,6 @@ CHANGES = {
     "dim384": [DIM384],
     "dim384-embed-lr": [DIM384, EMBED_LR],
 }
-
-
-def write(name: str, folder: Path) -> Path:
-    text = BASELINE_TRAIN_PY.read_text()
-    for old, new in CHANGES[name]:
-        if old not in text:
-            raise SystemExit(f"change {name}: {old!r} not found in train.py")
-        text = text.replace(old, new)
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    return path
 
 
 def sequence(mode: str, scripts: list[Path], profile, data, root: Path) -> list[dict]:
@@ -138,7 +129,7 @@ def main() -> None:
     data = prepare_data(profile, cache, print)
     folder = Path("/tmp/bench-pipeline")
     folder.mkdir(parents=True, exist_ok=True)
-    scripts = [write(name, folder) for name in args.sequence]
+    scripts = [write_variant(name, folder, CHANGES, prefix="") for name in args.sequence]
     summaries = []
     for mode in args.modes:
         rows = sequence(mode, scripts, profile, data, folder / mode)

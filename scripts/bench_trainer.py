@@ -64,13 +64,16 @@ def matmul_rate(n: int = 8192, repeats: int = 10) -> float:
     return 2 * n**3 / sorted(times)[len(times) // 2]
 
 
-def write_variant(name: str, folder: Path) -> Path:
+def write_variant(
+    name: str, folder: Path, variants: dict = VARIANTS, prefix: str = "train_"
+) -> Path:
+    """The baseline train.py with the variant's replacements made, as FOLDER/PREFIXNAME.py."""
     text = BASELINE_TRAIN_PY.read_text()
-    for old, new in VARIANTS[name]:
+    for old, new in variants[name]:
         if old not in text:
             raise SystemExit(f"variant {name}: {old!r} not found in train.py")
         text = text.replace(old, new)
-    path = folder / f"train_{name}.py"
+    path = folder / f"{prefix}{name}.py"
     path.write_text(text)
     return path
 

@@ -211,11 +211,8 @@ class Researcher:
             return
         self.adopted = best
         claim = self._claim_of(best)
-        looked = claim is not None and self.ledger.rows(
-            "SELECT 1 FROM verifications WHERE result = ? AND author = ? LIMIT 1",
-            (claim, self.me.peer_id),
-        )
-        if claim is not None and not looked and self.margin is not None and self.verify_every:
+        if (claim is not None and not self._looked_at(claim) and self.margin is not None
+                and self.verify_every):  # fmt: skip
             # A node that verifies re-measures the head it adopts, unless it looked at it already:
             # a look at the claim that made it, on its first seed: the look's run of the head is
             # the run its research from the head pairs with, and its run of the head's parent is
@@ -282,11 +279,7 @@ class Researcher:
         if not favoured:
             return
         pick = max(favoured, key=lambda r: (self._favour(r, judged[r["id"]]), r["id"]))
-        looked = self.ledger.rows(
-            "SELECT 1 FROM verifications WHERE result = ? AND author = ? LIMIT 1",
-            (pick["id"], self.me.peer_id),
-        )
-        if not looked:  # its first run of the child, on its own first seed, is a look
+        if not self._looked_at(pick["id"]):  # its first run of the child (its own seed): a look
             return self._look(pick, "look ahead", find_replay=False)
         source = self.ledger.version(pick["child"]).decode()
         try:
@@ -568,7 +561,8 @@ class Researcher:
         if seed is not None:
             key = f"{claim['id']}:{seed}"
             reported = self.ledger.rows(
-                "SELECT author FROM verifications WHERE result = ? AND seed = ?", (claim["id"], seed)
+                "SELECT author FROM verifications WHERE result = ? AND seed = ?",
+                (claim["id"], seed),
             )
             pool = pool - {r["author"] for r in reported}
         ranked = consensus.committee(key, claim["author"], pool, rules.committee_size)
@@ -593,6 +587,13 @@ class Researcher:
             if verified is not None:
                 return verified
         return None
+
+    def _looked_at(self, rid: str) -> bool:
+        """Whether this node published a look at the claim `rid`."""
+        return bool(self.ledger.rows(
+            "SELECT 1 FROM verifications WHERE result = ? AND author = ? LIMIT 1",
+            (rid, self.me.peer_id),
+        ))  # fmt: skip
 
     def _claim_row(self, rid: str) -> dict | None:
         rows = self.ledger.rows("SELECT * FROM results WHERE id = ?", (rid,))
