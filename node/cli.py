@@ -138,7 +138,7 @@ def run(
         print(json.dumps(result.as_dict()))
     else:
         _print_result(result)
-    if result.outcome != "ok" and not as_json:
+    if result.outcome != "ok":  # a crash or a void run fails a script's `swarm run` too
         raise typer.Exit(2)
 
 
