@@ -89,8 +89,13 @@ def worker_slots(devices: list[int | None]) -> list[tuple[int | None, GpuTurns |
 
 
 def _program_text() -> str:
-    path = Path(__file__).resolve().parents[1] / "program.md"
-    return path.read_text() if path.is_file() else ""
+    """The research strategy the LLM reads: program.md, shipped in the package (node/program.md
+    links to the top-level file, and a wheel holds a copy of it)."""
+    path = Path(__file__).with_name("program.md")
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise NodeError(f"cannot read {path} ({exc.strerror}): reinstall research-swarm") from None
 
 
 def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None) -> None:
@@ -139,7 +144,7 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     def gossip() -> None:
         try:
             run_peer(GossipConfig(home, config.listen, config.bootstrap, config.campaign),
-                     on_ready=lambda addrs: say("listening on " + " ".join(addrs)), stop=stop)
+                     on_ready=lambda addrs: say("listening on " + " ".join(addrs)), stop=stop, say=say)
         except BaseException as exc:  # the node cannot live without its network: stop it all
             failures.append(exc)
             stop.set()

@@ -146,7 +146,12 @@ class LLMProposer:
         if max_attempts < 1:
             raise ModelError("max_attempts must be at least 1")
         os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # else litellm fetches prices at import
-        import litellm  # seconds to import: only when a model is configured
+        try:
+            import litellm  # seconds to import: only when a model is configured
+        except ImportError:
+            raise ModelError(
+                f"--model {model} needs litellm: pip install 'research-swarm[llm]'"
+            ) from None
 
         litellm.suppress_debug_info = True  # its help banners are not our user's business
         self._litellm = litellm

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import json
 import time
 import urllib.request
@@ -51,12 +52,22 @@ def read_url_list(path: Path) -> list[Shard]:
     return shards
 
 
+def require_pyarrow(what: str) -> None:
+    """Parquet is read with pyarrow, an extra: say which one before any shard is fetched."""
+    if importlib.util.find_spec("pyarrow") is None:
+        raise TrainerError(
+            f"{what}: parquet shards need pyarrow: pip install 'research-swarm[web]'"
+        )
+
+
 def download(shard: Shard, folder: Path, progress: Callable[[str], None]) -> Path:
     """Fetch one shard into `folder` unless it is already complete there."""
     name = hashlib.sha256(shard.url.encode()).hexdigest()[:16] + "-" + shard.url.rsplit("/", 1)[-1]
     dest = folder / name
     if dest.exists():
         return dest
+    if name.endswith(".parquet"):
+        require_pyarrow(shard.url)  # before the download, not after it
     folder.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
     progress(f"downloading {shard.url}")
@@ -87,6 +98,7 @@ def documents(path: Path) -> Iterator[str]:
     name = path.name.removesuffix(".partial")
     try:
         if name.endswith(".parquet"):
+            require_pyarrow(str(path))
             import pyarrow.parquet as pq
 
             table = pq.ParquetFile(path)
