@@ -25,8 +25,10 @@ from node.cli_shared import (
     HomeOption,
     JsonOption,
     ProfileOption,
+    bootstrap_addrs,
     console,
     err_console,
+    gpus_option,
     prepare,
     status_line,
 )
@@ -248,9 +250,10 @@ def peer_cmd(
     from node.gossip import GossipConfig, run_peer
     from node.home import resolve_home
 
-    run_peer(GossipConfig(home=resolve_home(home), listen=listen, bootstrap=list(bootstrap or []),
-                          campaign=campaign, publish_every=publish_every, publish_count=publish_count),
-             stop=_stop_on_signal())
+    peers = bootstrap_addrs(bootstrap or [])
+    run_peer(GossipConfig(home=resolve_home(home), listen=listen, bootstrap=peers, campaign=campaign,
+                          publish_every=publish_every, publish_count=publish_count),
+             say=status_line, stop=_stop_on_signal())
 
 
 def _stop_on_signal():
@@ -274,7 +277,7 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     from node.gossip import read_status
     from node.home import resolve_home
 
-    status = read_status(resolve_home(home))
+    status = read_status(resolve_home(home, create=False))
     if as_json:
         print(json.dumps(status))
         return
@@ -353,6 +356,9 @@ def join_cmd(
     from node.home import resolve_home
     from node.node import NodeConfig, run_node
 
+    bootstrap = bootstrap_addrs(bootstrap or [])  # a user's typo is refused before any key or data
+    gpus = gpus_option(gpus)
+    resolve_home(home)  # a home that cannot be used, too
     spec = campaign_or_name(campaign)
     if isinstance(spec, str) and spec.startswith("sha256:"):
         spec = campaign_from_peer(resolve_home(home), list(bootstrap or []), spec.removeprefix("sha256:"))
@@ -393,7 +399,7 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     from node.home import resolve_home
     from node.node import node_status
 
-    status = node_status(resolve_home(home))
+    status = node_status(resolve_home(home, create=False))
     if as_json:
         print(json.dumps(status))
         return

@@ -1,5 +1,6 @@
-"""What the `swarm` commands share: the consoles, the common options, and the data a command
-needs before it runs (built on first use)."""
+"""What the `swarm` commands share: the consoles, the common options, the checks of what a user
+typed (made before anything is built or written), and the data a command needs before it runs
+(built on first use)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from node.errors import SwarmError
 
 # Lines are never broken at the console's width (80 columns in a log file or a pipe): addresses,
 # hashes and commands in them must stay whole to be copied. Tables still fit the width.
@@ -39,3 +42,31 @@ def prepare(profile_name: str, data: str | None, home: Path | None):
     home_dir = resolve_home(home)
     profile = get_profile(profile_name, data)
     return home_dir, profile, prepare_data(profile, data_dir(home_dir), status_line)
+
+
+def bootstrap_addrs(values: list[str]) -> list[str]:
+    """The --bootstrap addresses, each checked to be a peer's full multiaddr; a SwarmError that
+    names the first one that is not."""
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    from node.gossip.peer import GossipError, parse_multiaddr
+
+    for value in values:
+        try:
+            info_from_p2p_addr(parse_multiaddr(value, need_peer_id=True))
+        except GossipError as exc:
+            why = "it lacks /p2p/<peer id>" if "lacks /p2p/" in str(exc) else "not a multiaddr"
+        except Exception:
+            why = "its /p2p/ part is not a peer id"
+        else:
+            continue
+        raise SwarmError(f"--bootstrap {value[:80]}: {why}; pass the full address a bootstrap "
+                         "prints, e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...")  # fmt: skip
+    return values
+
+
+def gpus_option(value: str) -> str:
+    """--gpus: 'all' or a positive number of GPUs."""
+    if value != "all" and not (value.isdigit() and int(value) >= 1):
+        raise SwarmError(f"--gpus {value[:40]}: pass 'all' or how many GPUs to use, e.g. --gpus 2")
+    return value

@@ -84,17 +84,8 @@ def _bpb(value: float | None, signed: bool = False) -> str:
     return "-" if value is None else (f"{value:+.4f}" if signed else f"{value:.4f}")
 
 
-def _home(home: Path | None) -> Path:
-    try:
-        return resolve_home(home)
-    except OSError as exc:
-        raise SwarmError(
-            f"cannot use {home or 'the node home'} as a home: {exc.strerror}"
-        ) from None
-
-
 def _open(home: Path | None, db: Path | None) -> Ledger:
-    path = db if db is not None else ledger_path(_home(home))
+    path = db if db is not None else ledger_path(resolve_home(home, create=False))
     if not path.exists():
         hint = "" if db is not None else " (no facts yet: run a node, or pass --db)"
         raise LedgerError(f"no ledger at {path}{hint}")
@@ -110,7 +101,7 @@ def keys_show(home: HomeOption = None, as_json: JsonOption = False) -> None:
 
     Example: swarm keys show --home ~/.research-swarm
     """
-    home_dir = _home(home)
+    home_dir = resolve_home(home)
     created = not ident.key_path(home_dir).exists()
     me = ident.load_identity(home_dir)
     info = {
@@ -139,7 +130,7 @@ def keys_new(
     Replacing the key gives this node a new peer id: peers will not connect it with the facts
     the old key signed. Example: swarm keys new --home /tmp/node2
     """
-    home_dir = _home(home)
+    home_dir = resolve_home(home)
     me = ident.new_identity(home_dir, force=force)
     if as_json:
         _print_json({"peer_id": me.peer_id, "public_key": me.public_key.hex()})

@@ -144,7 +144,7 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     def gossip() -> None:
         try:
             run_peer(GossipConfig(home, config.listen, config.bootstrap, config.campaign),
-                     on_ready=lambda addrs: say("listening on " + " ".join(addrs)), stop=stop)
+                     on_ready=lambda addrs: say("listening on " + " ".join(addrs)), stop=stop, say=say)
         except BaseException as exc:  # the node cannot live without its network: stop it all
             failures.append(exc)
             stop.set()

@@ -61,10 +61,7 @@ class Snapshot:
 
 def open_ledger(home: Path | None, db: Path | None) -> Ledger:
     """The ledger at `db`, else in `home`, opened read-only; a ReportError when there is none."""
-    try:
-        path = db if db is not None else ledger_path(resolve_home(home))
-    except OSError as exc:
-        raise ReportError(f"cannot use {home} as a home: {exc.strerror}") from None
+    path = db if db is not None else ledger_path(resolve_home(home, create=False))
     if not path.is_file():
         hint = "" if db is not None else " (no facts yet: run a node, or pass --db)"
         raise ReportError(f"no ledger at {path}{hint}")

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import time
+
+from conftest import Process
 
 
 def swarm(*args: str, cache=None, home=None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -33,3 +38,83 @@ def test_run_json_of_a_crashed_run_exits_two_like_the_table(tmp_path, small_data
                  home=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert json.loads(done.stdout)["outcome"] == "crash"
+
+
+# ---------------------------------------------------------------- join: the address, the GPUs, the home
+
+
+def test_a_malformed_bootstrap_or_gpus_is_refused_before_any_key_or_data_is_written(tmp_path):
+    home = tmp_path / "new-home"
+    peer = "12D3KooWBtLKtwxQvEnB3wZZEr39r71n6GLa56xtPEnMCok1C6VZ"
+    for args, words in [
+        (["--bootstrap", "127.0.0.1:4001"], "--bootstrap 127.0.0.1:4001: not a multiaddr"),
+        (["--bootstrap", "/ip4/127.0.0.1/tcp/4001"], "it lacks /p2p/<peer id>"),
+        (["--bootstrap", "/ip4/127.0.0.1/tcp/4001/p2p/xyz"], "not a multiaddr"),
+        (["--bootstrap", f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}", "--gpus", "foo"],
+         "--gpus foo: pass 'all' or how many GPUs to use"),
+        (["--gpus", "0"], "--gpus 0: pass 'all'"),
+    ]:  # fmt: skip
+        done = swarm("join", "--profile", "test", *args, "--home", str(home))
+        assert done.returncode == 1, (args, done.stderr)
+        assert words in one_error_line(done), args
+        assert "e.g. " in done.stderr  # what to do, not only what was wrong
+        assert not home.exists(), args  # no key, no ledger, no data
+
+
+def test_an_unusable_home_is_a_one_line_error(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    writers = (["join", "--profile", "test"], ["keys", "show"], ["data", "build", "--profile", "test"])
+    readers = (["status"], ["ledger", "summary"], ["report", "--out", str(tmp_path / "r")])
+    for home, words in [(a_file, "is not a directory"), (a_file / "below", "cannot make the home")]:
+        for args in (*writers, *readers):
+            done = swarm(*args, "--home", str(home))
+            assert done.returncode == 1, (args, done.stderr)
+            line = one_error_line(done)
+            assert str(home) in line, args
+            if args in writers or home == a_file:  # a reader finds no node below a file
+                assert words in line, args
+
+
+def test_read_only_commands_never_create_a_home(tmp_path):
+    home = tmp_path / "absent"
+    for args in (["status"], ["peers"], ["ledger", "summary"], ["ledger", "experiments"],
+                 ["ledger", "peers"], ["ledger", "leaderboard"], ["report", "--out", str(tmp_path / "r")]):  # fmt: skip
+        done = swarm(*args, "--home", str(home))
+        assert done.returncode == 1, (args, done.stderr)
+        one_error_line(done)
+        assert not home.exists(), args
+    done = swarm("status", env={"SWARM_HOME": str(home)})  # the home from the environment, too
+    assert done.returncode == 1 and not home.exists()
+
+
+def test_join_says_at_once_that_the_bootstrap_cannot_be_reached_and_when_it_connects(
+    tmp_path, small_data, data_cache
+):
+    with socket.socket() as probe:  # a port nothing listens on, yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    boot_home = tmp_path / "bootstrap"
+    made = swarm("keys", "new", "--home", str(boot_home), "--json")
+    peer_id = json.loads(made.stdout)["peer_id"]
+    address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id}"
+    env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
+    node = Process("join", "--bootstrap", address, "--listen", "/ip4/127.0.0.1/tcp/0", "--profile",
+                   "test", "--campaign", "cli-test", "--no-sandbox", "--home", str(tmp_path / "node"),
+                   env=env)  # fmt: skip
+    boot = None
+    try:
+        node.wait_for("listening on", 120)
+        listening = time.monotonic()
+        node.wait_for(re.escape(f"cannot reach the bootstrap {address}: nothing answers there; "
+                                "retrying"), 30)  # fmt: skip
+        assert time.monotonic() - listening < 10  # at once, not after minutes
+        said = "".join(node.lines)
+        assert said.count("cannot reach the bootstrap") == 1  # said once while it retries
+        boot = Process("bootstrap", "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--campaign",
+                       "cli-test", "--home", str(boot_home), env=env)  # fmt: skip
+        node.wait_for(re.escape(f"connected to the bootstrap {address}"), 90)
+    finally:
+        assert node.stop() == 0
+        if boot is not None:
+            boot.stop()

@@ -225,7 +225,7 @@ def test_user_mistakes_are_one_line_errors_not_tracebacks(home, tmp_path):
         (["ledger", "lineage", "99" * 32, "--home", str(home)], "nothing in"),
         (["keys", "new", "--home", str(home / "k")], None),
         (["keys", "new", "--home", str(home / "k")], "--force"),
-        (["keys", "show", "--home", str(home / "ledger.db")], "cannot use"),  # a file, not a dir
+        (["keys", "show", "--home", str(home / "ledger.db")], "is not a directory"),  # a file
         (
             ["ledger", "export", "--home", str(home), "--output", str(home / "no/such/dir.csv")],
             "cannot write",

@@ -36,11 +36,12 @@ __all__ = [
 
 def run_peer(
     config: GossipConfig, on_ready: Callable[[list[str]], None] | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | None = None, say: Callable[[str], None] | None = None,
 ) -> None:  # fmt: skip
     """Run a gossiping node until interrupted or `stop` is set: listen, find peers, sync, relay.
 
-    `on_ready` gets the node's full multiaddrs (with /p2p/<peer id>) once it listens. A daemon
+    `on_ready` gets the node's full multiaddrs (with /p2p/<peer id>) once it listens; `say` gets
+    a line when a --bootstrap peer cannot be reached (dials go on) and when it connects. A daemon
     runs this in a thread of its own and sets `stop` to end it."""
     import trio
 
@@ -52,6 +53,7 @@ def run_peer(
     identity = load_identity(config.home)
     with Ledger(ledger_path(config.home), campaign=config.campaign) as ledger:
         node = GossipNode(config, identity, ledger)
+        node.say = say or (lambda line: None)
 
         async def main() -> None:
             async with trio.open_nursery() as nursery:

@@ -18,6 +18,7 @@ import random
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,9 +286,13 @@ class GossipNode:
         self.limits = config.limits
         self.book = PeerBook(config.limits)
         self.gate = HandshakeGate(config.limits)
+        self.bootstraps: dict[str, str] = {}  # peer id -> the address the user gave
+        self.reached: dict[str, bool] = {}  # bootstrap -> connected, as last said
+        self.say: Callable[[str], None] = lambda line: None  # a line for the user, as it happens
         for text in config.bootstrap:
             info = info_from_p2p_addr(parse_multiaddr(text, need_peer_id=True))
             self.book.add(info.peer_id.to_base58(), [str(a) for a in info.addrs], bootstrap=True)
+            self.bootstraps[info.peer_id.to_base58()] = text
         if config.campaign is not None and not _CAMPAIGN.match(config.campaign):
             raise GossipError(f"{config.campaign!r} is not a campaign name: letters, digits, "
                               "'.', '_' or '-', at most 64, starting with a letter or digit")  # fmt: skip
@@ -678,6 +683,10 @@ class GossipNode:
                 if connected and self.first_peer_s is None:
                     self.first_peer_s = now - self.started
                     self.first_peer_at = time.time()
+                for peer in connected & self.bootstraps.keys():
+                    if not self.reached.get(peer):
+                        self.reached[peer] = True
+                        self.say(f"connected to the bootstrap {self.bootstraps[peer]}")
                 for peer in connected:
                     if self.book.is_banned(peer) or len(connected) > self.limits.max_peers:
                         nursery.start_soon(self._disconnect, peer)
@@ -713,6 +722,10 @@ class GossipNode:
         except Exception:
             self.counts["dials_failed"] += 1
             self.book.dialed(peer, ok=False)
+            if peer in self.bootstraps and self.reached.get(peer, True):
+                self.reached[peer] = False  # said once, until it connects
+                self.say(f"cannot reach the bootstrap {self.bootstraps[peer]}: nothing answers "
+                         "there; retrying (check the address, and that the bootstrap runs)")  # fmt: skip
         finally:
             self._dialing.discard(peer)
 
