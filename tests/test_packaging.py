@@ -132,3 +132,25 @@ def test_the_locked_versions_are_the_pinned_ones():
                 f"{pin} is locked at {lock.get(_name(name))}"
             )
     assert "-c constraints.txt" in (ROOT / "scripts" / "setup").read_text()
+
+
+def test_setup_names_a_missing_compiler_before_it_installs_anything(tmp_path):
+    """A machine without a C compiler (fastecdsa is compiled during the install): one line says
+    what to install, and nothing is installed."""
+    for name in ("scripts", "constraints.txt", "pyproject.toml"):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy(ROOT / name, tmp_path / name)
+    tools = tmp_path / "bin"  # a PATH with no cc, gcc or apt-get
+    tools.mkdir()
+    for tool in ("bash", "env", "id", "uname", "dirname", "cat"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    (tools / "python3").symlink_to(sys.executable)
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "setup")], env={"PATH": str(tools)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "setup: no C compiler, which fastecdsa (a libp2p dependency) is compiled with: " \
+        "install gcc\n" in done.stderr  # fmt: skip
+    assert "then run scripts/setup again" in done.stderr.splitlines()[-1]
+    assert not (tmp_path / ".venv").exists()
