@@ -184,8 +184,9 @@ def report_cmd(
 ) -> None:
     """Write a plot and a self-contained web page of what the swarm tried, from the ledger (read-only).
 
-    report.png: val_bpb per experiment over time. report.html: the plot, the leaderboard, the lineage
-    of the best version with its diffs, the peers and the noise margin; it fetches nothing.
+    report.png: val_bpb per experiment over time, with the baseline and the head as lines.
+    report.html: the plot, the leaderboard, the lineage of the best version with its diffs, the
+    peers and the noise margin; it fetches nothing.
 
     Example: swarm report --out report && xdg-open report/report.html
     """

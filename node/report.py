@@ -1,8 +1,8 @@
 """`swarm report`: what a node's ledger says the swarm has tried, as a picture and one web page.
 
-It reads the ledger read-only and writes `report.png` (val_bpb per experiment over time) and
-`report.html` (self-contained: leaderboard, lineage of the best version with its diffs, peers,
-noise margin). It never writes to the ledger, and every text that comes from a fact reaches the
+It reads the ledger read-only and writes `report.png` (val_bpb per experiment over time, with
+the baseline and the swarm's head as lines) and `report.html` (self-contained: leaderboard,
+lineage of the best version with its diffs, peers, noise margin). It never writes to the ledger, and every text that comes from a fact reaches the
 page escaped: descriptions are written by peers, and a peer may be hostile.
 """
 
@@ -13,6 +13,7 @@ import difflib
 import html
 import io
 import os
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -22,6 +23,7 @@ from node import consensus, evidence
 from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import Ledger, LedgerError, ledger_path
+from node.ledger_queries import LOOK_COLUMNS
 from node.safe_text import safe_text
 
 PNG_FILE, HTML_FILE = "report.png", "report.html"
@@ -30,6 +32,8 @@ COLOURED_PEERS = 10  # the most active peers get a colour each; the rest share g
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
            "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79"]  # fmt: skip
 OTHER_COLOUR = "#b0b0b0"
+HEAD_POINTS = 200  # looks at which the head is judged again for the plot, at most, per profile
+EXTRA = "pip install 'research-swarm[report]'"
 
 
 class ReportError(SwarmError):
@@ -54,6 +58,8 @@ class Snapshot:
     peers: list[dict]
     noise: dict[str, dict[tuple[str, str], list[float]]]  # profile -> its paired differences
     colours: dict[str, str]  # peer id -> colour in the plot and the peer table
+    baseline_bpb: dict[str, float]  # profile -> the baseline's measured val_bpb (its median)
+    heads: dict[str, list[tuple[int, float]]]  # profile -> (time, the head's score) as it moved
 
 
 # ---------------------------------------------------------------- reading the ledger
@@ -75,7 +81,10 @@ def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None 
     """Read what the report shows. `quorum` defaults to the campaign's, else 1."""
     read_at = int(datetime.now(timezone.utc).timestamp() * 1000) if now_ms is None else now_ms
     terms = ledger.terms()
-    campaigns = [terms["name"]] if terms else []
+    campaigns = [terms["name"]] if terms else [  # a bootstrap's ledger: the campaigns it holds
+        r["campaign"] for r in ledger.rows(
+            "SELECT campaign FROM results UNION SELECT campaign FROM verifications ORDER BY 1")
+    ]  # fmt: skip
     quorum = quorum or ledger.quorum()
     results = ledger.rows(
         "SELECT id, author, time, profile, parent, child, harness, outcome, val_bpb, description "
@@ -102,12 +111,59 @@ def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None 
         p["peer_id"]: PALETTE[i] if i < COLOURED_PEERS else OTHER_COLOUR
         for i, p in enumerate(peers)
     }
+    profiles = sorted({r["profile"] for r in results})
+    baseline_bpb = {p: bpb for p in profiles if (bpb := _baseline_bpb(ledger, p)) is not None}
+    heads = {p: _head_over_time(ledger, p, quorum, board.get(p)) for p in profiles}
     return Snapshot(
         path=str(ledger.path), read_at=read_at, campaigns=campaigns,
         quorum=quorum, results=results, verified=verified, refuted=refuted, held=held, board=board,
         lineages=lineages, baselines=baselines, peers=peers, noise=dict(sorted(noise.items())),
-        colours=colours,
+        colours=colours, baseline_bpb=baseline_bpb, heads=heads,
     )  # fmt: skip
+
+
+def _baseline_bpb(ledger: Ledger, profile: str) -> float | None:
+    """The baseline's val_bpb on `profile`: the median of its paired runs, as the results built
+    on it report them and as this node ran it; None when nothing measured it."""
+    values = sorted(
+        r["v"] for r in ledger.rows(
+            "SELECT parent_val_bpb AS v FROM results WHERE profile = ? AND parent = ? "
+            "AND parent_val_bpb IS NOT NULL UNION ALL SELECT val_bpb FROM runs WHERE profile = ? "
+            "AND child = ? AND parent = child AND val_bpb IS NOT NULL",
+            (profile, ledger.baseline(), profile, ledger.baseline()),
+        )
+    )  # fmt: skip
+    return statistics.median(values) if values else None
+
+
+def _head_over_time(
+    ledger: Ledger, profile: str, quorum: int, board: list[dict] | None
+) -> list[tuple[int, float]]:
+    """(time, the head's score) from the first experiment on, a point each time it moved: the
+    rule (`consensus.standings`) applied to the facts held at each look (HEAD_POINTS of them at
+    most), and last the head this ledger holds now (`board`)."""
+    results, _ = ledger.claim_rows(profile)
+    looks = ledger.rows(
+        f"SELECT {LOOK_COLUMNS}, time FROM verifications WHERE profile = ?", (profile,)
+    )
+    first = ledger.rows("SELECT MIN(time) AS t FROM results WHERE profile = ?", (profile,))[0]["t"]
+    heads = [(first, 0.0)]
+    times = sorted({v["time"] for v in looks})
+    if len(times) > HEAD_POINTS:
+        times = [times[round(i * (len(times) - 1) / (HEAD_POINTS - 1))] for i in range(HEAD_POINTS)]
+    rules, baseline = ledger.rules(profile, quorum), ledger.baseline()
+    for t in times:
+        scores, _ = consensus.standings(
+            [r for r in results if r["time"] <= t], [v for v in looks if v["time"] <= t],
+            profile, baseline, rules,
+        )  # fmt: skip
+        score = scores[consensus.head_of(scores)].score if scores else 0.0
+        if score != heads[-1][1]:
+            heads.append((t, score))
+    now = board[0]["score"] if board else 0.0
+    if now != heads[-1][1]:  # the ledger's own judgement, when the replay above differs
+        heads.append((max(times[-1:] or [first]), now))
+    return heads
 
 
 def _lineage(ledger: Ledger, child: str) -> list[dict]:
@@ -153,7 +209,13 @@ def _peer_stats(
 
 
 def plot(snap: Snapshot) -> bytes:
-    """The PNG: val_bpb per experiment over time, one panel per profile."""
+    """The PNG of `figure`."""
+    return _png(figure(snap))
+
+
+def figure(snap: Snapshot):
+    """val_bpb per experiment over time, one panel per profile, with the baseline's val_bpb and
+    the head's (the baseline less its verified gains) as lines over time."""
     from matplotlib import dates as mdates
     from matplotlib import patheffects, transforms
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -167,7 +229,7 @@ def plot(snap: Snapshot) -> bytes:
         ax = fig.add_subplot()
         ax.set_axis_off()
         ax.text(0.5, 0.5, "nothing tried yet", ha="center", va="center", fontsize=16)
-        return _png(fig)
+        return fig
     axes = fig.subplots(len(profiles), 1, squeeze=False)[:, 0]
     for ax, profile in zip(axes, profiles, strict=True):
         rows = [r for r in snap.results if r["profile"] == profile]
@@ -193,17 +255,16 @@ def plot(snap: Snapshot) -> bytes:
                        edgecolors=colour, transform=top, clip_on=False, zorder=3)  # fmt: skip
             ax.scatter(when(wins), [r["val_bpb"] for r in wins], marker="*", s=170, color=colour,
                        edgecolors="black", linewidths=0.8, zorder=4)  # fmt: skip
-        best, xs, ys = None, [], []
-        for r in rows:
-            if r["id"] in snap.verified and (best is None or r["val_bpb"] < best):
-                best = r["val_bpb"]
-                xs.append(r["time"])
-                ys.append(best)
-        if xs:
-            xs.append(max(rows[-1]["time"], xs[-1]))
-            ys.append(ys[-1])
-            ax.step(mdates.date2num([_utc(t) for t in xs]), ys, where="post", color="black",
-                    linewidth=1.4, zorder=5,
+        if (base := snap.baseline_bpb.get(profile)) is not None:
+            # The head's score is minus its verified gains from the baseline: drawn from the
+            # baseline's measured val_bpb, it is where the swarm stands, claims aside.
+            end = max(rows[-1]["time"], snap.heads[profile][-1][0])
+            ax.hlines(base, *mdates.date2num([_utc(rows[0]["time"]), _utc(end)]), colors="grey",
+                      linestyles="dashed", linewidth=1.2, zorder=1, label="baseline")  # fmt: skip
+            xs = [t for t, _ in snap.heads[profile]] + [end]
+            ys = [base + score for _, score in snap.heads[profile]]
+            ax.step(mdates.date2num([_utc(t) for t in xs]), [*ys, ys[-1]], where="post",
+                    color="black", linewidth=1.6, zorder=5, label="head",
                     path_effects=[patheffects.withStroke(linewidth=3.5, foreground="white")])  # fmt: skip
         counts = Counter(r["outcome"] for r in rows)
         ax.set_title(f"profile {profile}: {_count(len(rows), 'experiment')} ({counts['keep']} kept, "
@@ -241,12 +302,13 @@ def plot(snap: Snapshot) -> bytes:
                label="void: broke the harness's rules (top edge)"),
         Line2D([], [], linestyle="", marker="*", markersize=12, color="grey",
                markeredgecolor="black", label=f"verified win (quorum {snap.quorum})"),
-        Line2D([], [], color="black", label="best verified so far"),
+        Line2D([], [], color="grey", linestyle="dashed", label="baseline (its measured val_bpb)"),
+        Line2D([], [], color="black", label="head: the baseline less its verified gains"),
     ]  # fmt: skip
     axes[0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
                    frameon=False)  # fmt: skip
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
 def _png(fig) -> bytes:
@@ -441,7 +503,7 @@ def render_html(snap: Snapshot, png: bytes) -> str:
 <p class="muted">Ledger <code>{_e(snap.path)}</code>, read at
 <span id="read-at">{_when(snap.read_at)}</span>. Campaign: {campaign}.</p>
 {summary}
-<img class="plot" alt="val_bpb per experiment over time" src="data:image/png;base64,{image}">
+<img class="plot" alt="val_bpb per experiment over time, with the baseline and the head" src="data:image/png;base64,{image}">
 <h2>Leaderboard</h2>
 <p>The best versions per profile, reached from the baseline through verified claims. A version's
 score is its parent's minus the gain its verifiers measured (bpb, from the baseline at 0: lower is
@@ -470,6 +532,11 @@ def write_report(
     ledger: Ledger, out: Path, quorum: int | None = None, now_ms: int | None = None
 ) -> tuple[Path, Path]:
     """Write report.png and report.html into `out` (created if missing); returns their paths."""
+    try:
+        import matplotlib  # noqa: F401  (an extra: asked for by name before anything is read)
+    except ImportError:
+        raise ReportError(f"swarm report draws its plot with matplotlib, which is not installed: "
+                          f"{EXTRA}") from None  # fmt: skip
     snap = read_snapshot(ledger, quorum, now_ms)
     png = plot(snap)
     page = render_html(snap, png)

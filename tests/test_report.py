@@ -374,3 +374,70 @@ def test_void_runs_and_a_held_claim_are_shown_as_such(tmp_path, alice, bob, caro
     assert held[2] == V2[:12] and held[4].startswith("held: gain 0.5000 is 10x the largest")
     peers = {row[1]: row[2:] for row in page.tables["peers"][1:]}
     assert peers[carol.peer_id][:5] == ["1", "0", "0", "0", "1"]  # one experiment, void
+
+
+def paired_result(who, seq: int, parent: str, child: str, child_bpb: float, parent_bpb: float,
+                  minute: int, outcome: str = "keep") -> wire.Fact:  # fmt: skip
+    """A result as a node makes it: its child and its parent run on one seed."""
+    body = wire.result_body(
+        parent=parent, child=child, diff=b"diff", description=f"try {seq}", profile="cpu",
+        harness=HARNESS, seed=seq, outcome=outcome, metrics={"val_bpb": child_bpb},
+        pairs=[(seq, child_bpb, parent_bpb)],
+    )  # fmt: skip
+    return wire.sign(who, "result", CAMPAIGN, seq, body, T0 + minute * 60_000)
+
+
+def test_the_plot_draws_the_baseline_and_the_head_stepping_down_when_a_win_is_verified(
+    tmp_path, alice, bob
+):
+    from matplotlib.collections import LineCollection
+
+    from node.report import figure, read_snapshot
+
+    win = paired_result(alice, 1, BASE, V1, 1.55, 1.60, minute=1)
+    tried = paired_result(bob, 1, BASE, V3, 1.63, 1.62, minute=2, outcome="discard")
+    looks = confirming_looks(bob, 2, win)  # at T0 + 500 s and on, after both results
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        set_terms(book, baseline=BASE)
+        book.ingest_many([win.raw, tried.raw])
+        before = read_snapshot(book)
+        book.ingest_many([f.raw for f in looks])
+        snap = read_snapshot(book)
+    assert before.baseline_bpb == {"cpu": pytest.approx(1.61)}  # the median of its paired runs
+    assert before.heads["cpu"] == [(T0 + 60_000, 0.0)]  # nothing verified: the head is the baseline
+    score = snap.board["cpu"][0]["score"]
+    assert score < 0 and snap.board["cpu"][0]["child"] == V1
+    (start, moved) = snap.heads["cpu"]
+    assert start == (T0 + 60_000, 0.0)
+    assert moved[1] == pytest.approx(score)
+    assert moved[0] in {f.time for f in looks}  # it moved at a look, not at the claim
+
+    (ax,) = figure(snap).axes
+    head = next(line for line in ax.get_lines() if line.get_label() == "head")
+    assert list(head.get_ydata()) == pytest.approx([1.61, 1.61 + score, 1.61 + score])
+    (baseline,) = [c for c in ax.collections
+                   if isinstance(c, LineCollection) and c.get_label() == "baseline"]  # fmt: skip
+    assert [y for _, y in baseline.get_segments()[0]] == pytest.approx([1.61, 1.61])
+
+
+def test_the_page_of_a_ledger_without_terms_names_the_campaign_of_its_facts(tmp_path, alice):
+    path = tmp_path / "ledger.db"  # as a bootstrap holds it: facts, no terms of its own
+    with Ledger(path, campaign=CAMPAIGN) as book:
+        book.ingest_many([make_result(alice, 1, BASE, V1, 1.50).raw])
+    report("--db", str(path), "--out", str(tmp_path / "out"))
+    assert f"Campaign: {CAMPAIGN}." in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_without_matplotlib_the_report_names_the_extra_to_install(ledger_file, tmp_path):
+    shadow = tmp_path / "shadow"  # a matplotlib that cannot be imported, found first
+    (shadow / "matplotlib").mkdir(parents=True)
+    (shadow / "matplotlib" / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "node.cli", "report", "--db", str(ledger_file), "--out",
+         str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(shadow)},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == ("error: swarm report draws its plot with matplotlib, which is "
+                                   "not installed: pip install 'research-swarm[report]'")  # fmt: skip
+    assert not (tmp_path / "out").exists()
