@@ -154,3 +154,14 @@ def test_setup_names_a_missing_compiler_before_it_installs_anything(tmp_path):
         "install gcc\n" in done.stderr  # fmt: skip
     assert "then run scripts/setup again" in done.stderr.splitlines()[-1]
     assert not (tmp_path / ".venv").exists()
+
+
+def test_the_readme_activates_the_venv_before_its_first_bare_swarm_command():
+    """`swarm` lives in .venv/bin: the README says to activate it before any command that uses
+    it, and setup ends by printing the same line."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    lines = [line.strip() for block in blocks for line in block.splitlines()]
+    first_swarm = next(i for i, line in enumerate(lines) if line.startswith("swarm "))
+    assert "source .venv/bin/activate" in lines[:first_swarm]
+    assert "source .venv/bin/activate" in (ROOT / "scripts" / "setup").read_text()
