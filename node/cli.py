@@ -25,10 +25,13 @@ from node.cli_shared import (
     HomeOption,
     JsonOption,
     ProfileOption,
+    ago,
     bootstrap_addrs,
     console,
+    date_of,
     err_console,
     gpus_option,
+    not_running_line,
     prepare,
     status_line,
 )
@@ -277,12 +280,19 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     """
     from node.gossip import read_status
     from node.home import resolve_home
+    from node.node import node_running
 
-    status = read_status(resolve_home(home, create=False))
+    home_dir = resolve_home(home, create=False)
+    status = read_status(home_dir)
+    running = node_running(status, time.time())
+    status = {**status, "running": running, "stopped_at": None if running else status.get("time")}
     if as_json:
         print(json.dumps(status))
         return
-    table = Table(title=f"gossip: {status['peer_id']}", show_header=False)
+    if not running:
+        console.print(not_running_line(home_dir, status["stopped_at"]), highlight=False, markup=False)
+    title = "gossip" if running else "gossip when it stopped"
+    table = Table(title=f"{title}: {status['peer_id']}", show_header=False)
     for addr in status["addrs"]:
         table.add_row("address", addr)
     table.add_row("campaign", str(status["campaign"]))
@@ -400,16 +410,22 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     from node.home import resolve_home
     from node.node import node_status
 
-    status = node_status(resolve_home(home, create=False))
+    home_dir = resolve_home(home, create=False)
+    status = node_status(home_dir)
     if as_json:
         print(json.dumps(status))
         return
+    if not status["running"]:
+        console.print(not_running_line(home_dir, status["stopped_at"]), highlight=False, markup=False)
     for worker in status["workers"]:
         table = Table(title=f"{worker['worker']} ({worker.get('profile')})", show_header=False)
         progress = worker.get("progress")
         doing = safe_text(worker.get("doing"))  # it may quote a peer's description
-        table.add_row("doing", doing + (f"  {progress:.0%}" if progress is not None else ""))
-        table.add_row("head", f"{(worker.get('head') or '-')[:16]}  val_bpb {worker.get('head_val_bpb') or '-'}")
+        table.add_row("doing" if status["running"] else "was doing",
+                      doing + (f"  {progress:.0%}" if progress is not None else ""))
+        bpb = worker.get("head_val_bpb")
+        table.add_row("head", f"{(worker.get('head') or '-')[:16]}  val_bpb "
+                      + (f"{bpb:.4f}" if isinstance(bpb, (int, float)) else "-"))
         sigma, df = worker.get("sigma"), worker.get("sigma_df")
         noise = f"{worker.get('margin'):.4f}" if isinstance(worker.get("margin"), float) else "-"
         if isinstance(sigma, float):  # the spread of one paired difference, and what is behind it
@@ -417,11 +433,12 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
         table.add_row("noise margin", noise)
         table.add_row("steps", str(worker.get("steps")))
         table.add_row("verifications pending", str(worker.get("pending_verifications", "-")))
-        table.add_row("updated", f"{status['now'] - worker['updated']:.0f} s ago")
+        table.add_row("updated", f"{date_of(worker['updated'])} ({ago(status['now'] - worker['updated'])})")
         console.print(table)
     network = status["network"]
     if network:
-        console.print(f"network: {len(network['connected'])} peers connected, {network['facts']} facts held "
+        console.print(f"network: {len(network['connected'])} peers connected"
+                      f"{'' if status['running'] else ' when it stopped'}, {network['facts']} facts held "
                       f"({network['peer_id']})")
         for s in network.get("standing", []):  # why a peer's facts are dropped: `swarm peers` has the rest
             if s["status"] == "silenced":
@@ -429,8 +446,11 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
                 console.print(f"silenced {s['peer']}: {why}", highlight=False)
     ledger = status["ledger"]
     if ledger:
-        console.print(f"ledger: {ledger.get('path')}: " + ", ".join(
-            f"{k} {v}" for k, v in ledger.items() if isinstance(v, int) and not isinstance(v, bool)))
+        counts = [f"{k} {v}" for k, v in ledger.items()
+                  if isinstance(v, int) and not isinstance(v, bool) and k != "last_received"]
+        if ledger.get("last_received"):
+            counts.append(f"last fact received {date_of(ledger['last_received'] / 1000)}")
+        console.print(f"ledger: {ledger.get('path')}: " + ", ".join(counts), highlight=False)
 
 
 app.add_typer(campaign_app, name="campaign")  # `swarm campaign new|show`: node/campaign_cli.py

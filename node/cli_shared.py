@@ -70,3 +70,24 @@ def gpus_option(value: str) -> str:
     if value != "all" and not (value.isdigit() and int(value) >= 1):
         raise SwarmError(f"--gpus {value[:40]}: pass 'all' or how many GPUs to use, e.g. --gpus 2")
     return value
+
+
+def date_of(seconds: float) -> str:
+    """A time (seconds since the epoch) as people read it: a date and a time of day, in UTC."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def not_running_line(home: Path, stopped_at: float | None) -> str:
+    """What `swarm status` and `swarm peers` say first of a node that has stopped."""
+    when = f" (it stopped at {date_of(stopped_at)})" if stopped_at else ""
+    return (f"the node in {home} is not running{when}: below is what it last wrote; "
+            f"start it again with `swarm join --home {home} ...`")  # fmt: skip
+
+
+def ago(seconds: float) -> str:
+    """An age, in the unit a person would say it in."""
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    return f"{seconds / 60:.0f} min ago" if seconds < 7200 else f"{seconds / 3600:.1f} h ago"

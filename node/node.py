@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -38,6 +39,7 @@ STATUS_DIR = "status"  # HOME/status/worker-N.json, written by each worker as it
 IDLE_AFTER_REFUSALS = 3  # refused steps in a row before a worker waits for news
 IDLE_SECONDS = 30.0
 WORKERS_PER_GPU = 2  # research workers a GPU: one run starts up while the other trains
+STALE_SECONDS = 60.0  # a gossip status unwritten this long: its node stopped (it writes every second)
 
 
 class NodeError(SwarmError):
@@ -287,8 +289,23 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, c
         stop.set()
 
 
+def node_running(network: dict | None, now: float) -> bool:
+    """Whether the process that wrote this gossip status (`read_status`) still runs: it names its
+    pid and rewrites the file every second, so a dead pid or a file long unwritten means no."""
+    if not network or now - float(network.get("time") or 0) > STALE_SECONDS:
+        return False
+    try:
+        os.kill(int(network["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, KeyError, TypeError, ValueError):
+        return isinstance(network.get("pid"), int)  # another user's process runs
+    return True
+
+
 def node_status(home: Path) -> dict:
-    """What the node in `home` is doing: its workers, its network, its ledger."""
+    """What the node in `home` is doing: its workers, its network, its ledger; `running`, and
+    when not, `stopped_at`: the last time it wrote its status (seconds since the epoch)."""
     from node.gossip import GossipError, read_status
     from node.ledger import Ledger, ledger_path
 
@@ -308,4 +325,10 @@ def node_status(home: Path) -> dict:
             ledger = book.summary()
     if not workers and network is None and not ledger:
         raise NodeError(f"no node in {home}: start one with `swarm join --home {home} --bootstrap ADDR`")
-    return {"home": str(home), "now": time.time(), "workers": workers, "network": network, "ledger": ledger}
+    now = time.time()
+    running = node_running(network, now)
+    last = [float(network["time"])] if network and network.get("time") else []
+    last += [w["updated"] for w in workers]
+    return {"home": str(home), "now": now, "running": running,
+            "stopped_at": None if running or not last else max(last),
+            "workers": workers, "network": network, "ledger": ledger}

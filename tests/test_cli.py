@@ -10,8 +10,11 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 
-from conftest import Process
+from conftest import Process, wait_until
+
+from node.gossip.peer import STATUS_FILE
 
 
 def swarm(*args: str, cache=None, home=None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -118,3 +121,42 @@ def test_join_says_at_once_that_the_bootstrap_cannot_be_reached_and_when_it_conn
         assert node.stop() == 0
         if boot is not None:
             boot.stop()
+
+
+# ---------------------------------------------------------------- status and peers of a stopped node
+
+
+def test_status_and_peers_say_when_a_node_stopped_and_round_what_they_show(tmp_path):
+    home = tmp_path / "node"
+    env = {**os.environ, "COLUMNS": "200"}
+    node = Process("peer", "--campaign", "cli-test", "--listen", "/ip4/127.0.0.1/tcp/0", "--home",
+                   str(home), env=env)  # fmt: skip
+    try:
+        wait_until(lambda: (home / STATUS_FILE).is_file(), "the node's gossip status", 60)
+        (home / "status").mkdir()  # what a research worker writes as it goes
+        (home / "status" / "worker-0.json").write_text(json.dumps(
+            {"doing": "research: training", "profile": "test", "head": "ab" * 32,
+             "head_val_bpb": 2.309579818357533, "steps": 3}))  # fmt: skip
+        for command in ("status", "peers"):
+            live = swarm(command, "--home", str(home))
+            assert live.returncode == 0 and "not running" not in live.stdout, live.stdout
+        shown = swarm("status", "--home", str(home)).stdout
+        assert "val_bpb 2.3096 " in shown and "2.30957" not in shown
+        assert re.search(r"updated +│ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s ago\)", shown), shown
+        assert json.loads(swarm("status", "--json", "--home", str(home)).stdout)["running"] is True
+    finally:
+        assert node.stop() == 0
+    stopped = time.time()
+    for command in ("status", "peers"):
+        done = swarm(command, "--home", str(home))
+        assert done.returncode == 0, done.stderr
+        first = done.stdout.splitlines()[0]
+        said = re.fullmatch(rf"the node in {re.escape(str(home))} is not running \(it stopped at "
+                            r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC\): below is what it last wrote; "
+                            rf"start it again with `swarm join --home {re.escape(str(home))} \.\.\.`",
+                            first)  # fmt: skip
+        assert said, first
+        at = datetime.strptime(said.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+        assert stopped - 10 < at.timestamp() <= stopped + 1
+        as_json = json.loads(swarm(command, "--json", "--home", str(home)).stdout)
+        assert as_json["running"] is False and stopped - 10 < as_json["stopped_at"] <= stopped + 1
