@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import sys
+import textwrap
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -27,6 +28,7 @@ from node.ledger import Ledger, LedgerError, ledger_path
 from node.safe_text import safe_text
 
 console = Console()
+WIDE = 120  # columns from which experiments and peers are tables; narrower: a record per row
 
 keys_app = typer.Typer(
     help="This node's identity: its Ed25519 key and peer id.", no_args_is_help=True
@@ -168,6 +170,16 @@ def summary(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = 
     console.print(table)
 
 
+def _print_record(first: str, more: list[str]) -> None:
+    """A row for a narrow screen or a pipe: its key fields on one line, each further line
+    indented and wrapped at words within the width, never inside a field or a hash."""
+    console.print(first, highlight=False, markup=False, soft_wrap=True)
+    width = max(console.width - 4, 20)
+    for text in more:
+        for line in textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False):
+            console.print("    " + line, highlight=False, markup=False, soft_wrap=True)
+
+
 def _counts(counts: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-"
 
@@ -222,6 +234,9 @@ def experiments(
     if as_json:
         _print_json(rows)
         return
+    if console.width < WIDE:
+        _experiment_records(rows)
+        return
     table = Table(title=f"experiments ({len(rows)} shown, newest first)")
     columns = ("time", "peer", "profile", "outcome", "val_bpb", "child", "✓", "✗", "?", "⊘", "description")  # fmt: skip
     for name in columns:
@@ -236,6 +251,22 @@ def experiments(
             str(r["inconclusive"]), str(r["voids"]), described,
         )  # fmt: skip
     console.print(table)
+
+
+def _experiment_records(rows: list[dict]) -> None:
+    console.print(f"experiments ({len(rows)} shown, newest first; time in UTC)", highlight=False)
+    console.print("looks: ✓ confirmed, ✗ refuted, ? inconclusive, ⊘ void", highlight=False)
+    profile_width = max((len(r["profile"]) for r in rows), default=0)
+    for r in rows:
+        looks = (f"✓{r['confirmations']} ✗{r['refutations']} ?{r['inconclusive']} "
+                 f"⊘{r['voids']}")  # fmt: skip
+        first = "  ".join((
+            _when(r["time"])[:16], _peer(r["author"]), r["profile"].ljust(profile_width),
+            r["outcome"].ljust(7), _bpb(r["val_bpb"]).rjust(6), _short(r["child"]), looks,
+        ))  # fmt: skip
+        _print_record(
+            first, [safe_text(r["description"]), *([safe_text(r["held"])] * bool(r["held"]))]
+        )
 
 
 @ledger_app.command("leaderboard")
@@ -325,6 +356,16 @@ def peers(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = Fa
         rows = ledger.peers()
     if as_json:
         _print_json(rows)
+        return
+    if console.width < WIDE:  # the peer id stays whole: people paste it into --peer
+        console.print(f"peers ({len(rows)})", highlight=False)
+        for p in rows:
+            _print_record(p["peer_id"], [
+                f"first seen {_when(p['first_seen'])}, last seen {_when(p['last_seen'])} UTC",
+                f"{p['results']} results, {p['verifications']} verifications; its claims got "
+                f"✓ {p['confirmations']} ✗ {p['refutations']} ⊘ {p['voids']}; "
+                f"rejected: {_counts(p['rejected'])}",
+            ])  # fmt: skip
         return
     table = Table(title=f"peers ({len(rows)})")
     table.add_column("peer", no_wrap=True, min_width=52)  # whole: people paste it into --peer

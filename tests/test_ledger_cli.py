@@ -242,3 +242,58 @@ def test_user_mistakes_are_one_line_errors_not_tracebacks(home, tmp_path):
         assert done.returncode == 1, (args, done.stderr)
         assert "Traceback" not in done.stderr and done.stderr.startswith("error:")
         assert message in done.stderr
+
+
+LONG = ("Learning-rate warm-up over the first 2% of the budget, then a cosine decay to a tenth of "
+        "the peak, with the embedding's rate left alone")  # fmt: skip
+
+
+def narrow(*args: str, terminal: bool) -> list[str]:
+    """The lines `swarm` prints at 80 columns: to a pipe, or to a terminal of 80 columns."""
+    import os
+    import pty
+    import re
+
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
+    command = [sys.executable, "-m", "node.cli", *args]
+    if not terminal:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(command, stdout=follower, stderr=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the follower closed: the command ended
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=120) == 0
+    os.close(leader)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode())
+    return text.replace("\r\n", "\n").splitlines()
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "terminal"])
+def test_experiments_and_peers_stay_readable_at_80_columns(tmp_path, alice, bob, terminal):
+    facts = [make_result(alice, 1, BASELINE, V1, 1.50, description=LONG),
+             make_result(bob, 1, V1, V2, None, outcome="crash", description="bigger batch")]  # fmt: skip
+    with Ledger(ledger_path(tmp_path), campaign=CAMPAIGN) as book:
+        set_terms(book)
+        book.ingest_many([f.raw for f in facts])
+    lines = narrow("ledger", "experiments", "--home", str(tmp_path), terminal=terminal)
+    assert lines and all(len(line) <= 80 for line in lines), lines
+    rows = json.loads(swarm("ledger", "experiments", "--home", str(tmp_path), "--json"))
+    for r in rows:  # each experiment's fields on one line of their own, none cut
+        (line,) = [line for line in lines if r["child"][:12] in line]
+        assert r["author"][-8:] in line and r["outcome"] in line and r["profile"] in line
+        assert (f"{r['val_bpb']:.4f}" if r["val_bpb"] is not None else " - ") in line
+    assert " ".join(line.strip() for line in lines).count(LONG) == 1  # wrapped at words, whole
+    lines = narrow("ledger", "peers", "--home", str(tmp_path), terminal=terminal)
+    assert all(len(line) <= 80 for line in lines), lines
+    for who in (alice, bob):  # whole, to be pasted into --peer
+        assert who.peer_id in lines
