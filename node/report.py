@@ -22,7 +22,7 @@ from pathlib import Path
 from node import consensus, evidence
 from node.errors import SwarmError
 from node.home import resolve_home
-from node.ledger import Ledger, LedgerError, ledger_path
+from node.ledger import MIGRATIONS, Ledger, LedgerError, ledger_path
 from node.ledger_queries import LOOK_COLUMNS
 from node.safe_text import safe_text
 
@@ -72,9 +72,15 @@ def open_ledger(home: Path | None, db: Path | None) -> Ledger:
         hint = "" if db is not None else " (no facts yet: run a node, or pass --db)"
         raise ReportError(f"no ledger at {path}{hint}")
     try:
-        return Ledger(path, readonly=True)
+        ledger = Ledger(path, readonly=True)
     except LedgerError as exc:
         raise ReportError(str(exc)) from None
+    if ledger.schema_version < len(MIGRATIONS):  # read-only, it cannot be upgraded here
+        ledger.close()
+        raise ReportError(f"{path} is a ledger of schema {ledger.schema_version}, older than this "
+                          f"version's {len(MIGRATIONS)}: start its node once with this version "
+                          "(that upgrades the file), then ask again")  # fmt: skip
+    return ledger
 
 
 def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None = None) -> Snapshot:

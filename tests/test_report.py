@@ -441,3 +441,26 @@ def test_without_matplotlib_the_report_names_the_extra_to_install(ledger_file, t
     assert done.stderr.strip() == ("error: swarm report draws its plot with matplotlib, which is "
                                    "not installed: pip install 'research-swarm[report]'")  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+def test_a_ledger_older_than_this_version_is_a_one_line_error_not_a_traceback(tmp_path):
+    import sqlite3
+
+    import sqlite_utils
+
+    from node.ledger import MIGRATIONS
+
+    path = tmp_path / "old.db"  # as a node of release 3 left it
+    with sqlite3.connect(path) as conn:
+        for step in MIGRATIONS[:3]:
+            step(sqlite_utils.Database(conn))
+        conn.execute("PRAGMA user_version=3")
+    done = subprocess.run(
+        [sys.executable, "-m", "node.cli", "report", "--db", str(path), "--out",
+         str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == (
+        f"error: {path} is a ledger of schema 3, older than this version's {len(MIGRATIONS)}: start "
+        "its node once with this version (that upgrades the file), then ask again"
+    )
