@@ -40,6 +40,7 @@ def campaign_from_peer(home: Path, peers: list[str], sha256: str):
         raise SwarmError("--campaign sha256:HASH needs --bootstrap: the peer that serves the campaign file")
     errors = []
     for peer in peers:
+        status_line(f"asking {peer} for campaign sha256:{sha256[:16]}... (up to a minute)")
         try:
             raw = fetch_blob(home, peer, sha256)
         except GossipError as exc:
