@@ -44,7 +44,12 @@ def data_dir(home: Path) -> Path:
     """Rebuildable data: `$SWARM_DATA` if set (shared between homes), else `HOME/data`."""
     raw = os.environ.get("SWARM_DATA")
     path = Path(raw).expanduser().resolve() if raw else home / "data"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fix = "set SWARM_DATA to" if raw else "pass --home"
+        raise HomeError(f"cannot make the data folder {path}: {exc.strerror}; {fix} a folder you "
+                        "can write") from None  # fmt: skip
     return path
 
 

@@ -160,3 +160,13 @@ def test_status_and_peers_say_when_a_node_stopped_and_round_what_they_show(tmp_p
         assert stopped - 10 < at.timestamp() <= stopped + 1
         as_json = json.loads(swarm(command, "--json", "--home", str(home)).stdout)
         assert as_json["running"] is False and stopped - 10 < as_json["stopped_at"] <= stopped + 1
+
+
+def test_a_data_folder_that_cannot_be_made_is_a_one_line_error(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    done = swarm("data", "build", "--profile", "test", "--home", str(tmp_path / "home"),
+                 env={"SWARM_DATA": str(a_file / "data")})  # fmt: skip
+    assert done.returncode == 1
+    assert one_error_line(done) == (f"error: cannot make the data folder {a_file / 'data'}: Not a "
+                                    "directory; set SWARM_DATA to a folder you can write")  # fmt: skip
