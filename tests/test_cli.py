@@ -170,3 +170,19 @@ def test_a_data_folder_that_cannot_be_made_is_a_one_line_error(tmp_path):
     assert done.returncode == 1
     assert one_error_line(done) == (f"error: cannot make the data folder {a_file / 'data'}: Not a "
                                     "directory; set SWARM_DATA to a folder you can write")  # fmt: skip
+
+
+def test_a_bootstrap_that_is_down_is_asked_again_within_seconds_other_peers_back_off(monkeypatch):
+    from node.gossip import limits
+
+    clock = [1000.0]
+    monkeypatch.setattr(limits.time, "monotonic", lambda: clock[0])
+    book = limits.PeerBook(limits.Limits())
+    book.add("boot", ["/ip4/127.0.0.1/tcp/1"], bootstrap=True)
+    book.add("peer", ["/ip4/127.0.0.1/tcp/2"])
+    for _ in range(10):  # down for minutes: each dial fails as soon as it is due
+        for who in ("boot", "peer"):
+            book.dialed(who, ok=False)
+        clock[0] += 12.1  # the longest a bootstrap waits, with its jitter
+        assert "boot" in book.candidates(set())
+    assert "peer" not in book.candidates(set())  # a minute, at most, for the others

@@ -181,7 +181,8 @@ class PeerBook:
             entry.next_dial = 0.0
         else:
             entry.next_dial = time.monotonic() + entry.backoff * random.uniform(0.8, 1.2)
-            entry.backoff = min(entry.backoff * 2, 60.0)
+            # A bootstrap the user named is asked again within seconds once it comes up.
+            entry.backoff = min(entry.backoff * 2, 10.0 if entry.bootstrap else 60.0)
 
     def allow_message(self, peer: str) -> bool:
         """Token bucket per origin peer: `rate` a second, `burst` at once."""
