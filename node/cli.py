@@ -25,13 +25,10 @@ from node.cli_shared import (
     HomeOption,
     JsonOption,
     ProfileOption,
-    ago,
     bootstrap_addrs,
     console,
-    date_of,
     err_console,
     gpus_option,
-    not_running_line,
     prepare,
     status_line,
 )
@@ -46,6 +43,7 @@ app = typer.Typer(
 )
 
 from node.inspection import keys_app, ledger_app  # noqa: E402  (sub-apps register last)
+from node.status_cli import peers_cmd, status_cmd  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(ledger_app, name="ledger")
@@ -271,73 +269,7 @@ def _stop_on_signal():
     return stop
 
 
-@app.command("peers")
-def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
-    """Show what the node running in this home sees: its addresses, peers, counts, and each peer's
-    standing with the reasons a peer lost it (its facts are then dropped and its claims not run).
-
-    Example: swarm peers --home ~/.research-swarm
-    """
-    from node.gossip import read_status
-    from node.home import resolve_home
-    from node.node import node_running
-
-    home_dir = resolve_home(home, create=False)
-    status = read_status(home_dir)
-    running = node_running(status, time.time())
-    status = {**status, "running": running, "stopped_at": None if running else status.get("time")}
-    if as_json:
-        print(json.dumps(status))
-        return
-    if not running:
-        console.print(not_running_line(home_dir, status["stopped_at"]), highlight=False, markup=False)
-    title = "gossip" if running else "gossip when it stopped"
-    table = Table(title=f"{title}: {status['peer_id']}", show_header=False)
-    for addr in status["addrs"]:
-        table.add_row("address", addr)
-    table.add_row("campaign", str(status["campaign"]))
-    table.add_row("connected", str(len(status["connected"])))
-    table.add_row("known peers", str(status["known"]))
-    table.add_row("banned", str(len(status["banned"])))
-    table.add_row("silenced", str(len(status.get("silenced", []))))
-    table.add_row("facts held", str(status["facts"]))
-    for key, value in status["counts"].items():
-        table.add_row(key, str(value))
-    console.print(table)
-    for peer in status["connected"]:
-        console.print(f"  {peer}")
-    if status.get("standing"):
-        _print_standing(status["standing"])
-    if status.get("drops") or status.get("bad_sources"):
-        _print_drops(status.get("drops", []), set(status.get("bad_sources", [])))
-
-
-def _print_drops(rows: list[dict], bad_sources: set[str]) -> None:
-    """Messages dropped unread, by the peer they are counted against; peers that served bytes
-    failing their hash, which are never asked to fetch again."""
-    table = Table(title="dropped messages and bad fetches, by sender")
-    table.add_column("peer", no_wrap=True, min_width=52)
-    table.add_column("dropped", overflow="fold")
-    table.add_column("served bad bytes")
-    shown = {r["peer"] for r in rows}
-    for r in rows:
-        dropped = ", ".join(f"{k} {v}" for k, v in sorted(r["counts"].items()))
-        table.add_row(r["peer"], safe_text(dropped), "yes" if r["peer"] in bad_sources else "")
-    for peer in sorted(bad_sources - shown):
-        table.add_row(peer, "-", "yes")
-    console.print(table)
-
-
-def _print_standing(rows: list[dict]) -> None:
-    table = Table(title="standing (from the ledger's facts and this node's refusals)")
-    for name in ("peer", "standing", "claims verified", "looks outlying", "refused", "why"):
-        table.add_column(name, overflow="fold" if name in ("refused", "why") else "ellipsis")
-    for s in rows:
-        refused = ", ".join(f"{k} {v}" for k, v in sorted(s["offences"].items())) or "-"
-        table.add_row(s["peer"][-12:], s["status"], f"{s['verified']} of {s['claims']}",
-                      f"{s['outlying']} of {s['looks'] + s['outlying']}", safe_text(refused),
-                      safe_text("; ".join(s["reasons"]) or "-"))
-    console.print(table)
+app.command("peers")(peers_cmd)  # `swarm peers` and `swarm status`: node/status_cli.py
 
 
 @app.command("join")
@@ -401,56 +333,7 @@ def _peer_ids(values: list[str]) -> list[str]:
     return values
 
 
-@app.command("status")
-def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
-    """What the node in this home is doing now: each worker's experiment and progress, head, peers, ledger.
-
-    Example: swarm status --home ~/.research-swarm
-    """
-    from node.home import resolve_home
-    from node.node import node_status
-
-    home_dir = resolve_home(home, create=False)
-    status = node_status(home_dir)
-    if as_json:
-        print(json.dumps(status))
-        return
-    if not status["running"]:
-        console.print(not_running_line(home_dir, status["stopped_at"]), highlight=False, markup=False)
-    for worker in status["workers"]:
-        table = Table(title=f"{worker['worker']} ({worker.get('profile')})", show_header=False)
-        progress = worker.get("progress")
-        doing = safe_text(worker.get("doing"))  # it may quote a peer's description
-        table.add_row("doing" if status["running"] else "was doing",
-                      doing + (f"  {progress:.0%}" if progress is not None else ""))
-        bpb = worker.get("head_val_bpb")
-        table.add_row("head", f"{(worker.get('head') or '-')[:16]}  val_bpb "
-                      + (f"{bpb:.4f}" if isinstance(bpb, (int, float)) else "-"))
-        sigma, df = worker.get("sigma"), worker.get("sigma_df")
-        noise = f"{worker.get('margin'):.4f}" if isinstance(worker.get("margin"), float) else "-"
-        if isinstance(sigma, float):  # the spread of one paired difference, and what is behind it
-            noise += f"  (paired sigma {sigma:.4f}, {df or 0} degrees of freedom{'' if df else ': the prior'})"
-        table.add_row("noise margin", noise)
-        table.add_row("steps", str(worker.get("steps")))
-        table.add_row("verifications pending", str(worker.get("pending_verifications", "-")))
-        table.add_row("updated", f"{date_of(worker['updated'])} ({ago(status['now'] - worker['updated'])})")
-        console.print(table)
-    network = status["network"]
-    if network:
-        console.print(f"network: {len(network['connected'])} peers connected"
-                      f"{'' if status['running'] else ' when it stopped'}, {network['facts']} facts held "
-                      f"({network['peer_id']})")
-        for s in network.get("standing", []):  # why a peer's facts are dropped: `swarm peers` has the rest
-            if s["status"] == "silenced":
-                why = safe_text("; ".join(s["reasons"]))
-                console.print(f"silenced {s['peer']}: {why}", highlight=False)
-    ledger = status["ledger"]
-    if ledger:
-        counts = [f"{k} {v}" for k, v in ledger.items()
-                  if isinstance(v, int) and not isinstance(v, bool) and k != "last_received"]
-        if ledger.get("last_received"):
-            counts.append(f"last fact received {date_of(ledger['last_received'] / 1000)}")
-        console.print(f"ledger: {ledger.get('path')}: " + ", ".join(counts), highlight=False)
+app.command("status")(status_cmd)
 
 
 app.add_typer(campaign_app, name="campaign")  # `swarm campaign new|show`: node/campaign_cli.py
@@ -477,7 +360,15 @@ def local_cmd(
     Example: swarm local --nodes 3 --minutes 10 --profile cpu
     """
     from node.home import resolve_home
-    from node.local import LocalSwarm, progress_line, reset, run_local, status_table
+    from node.local import (
+        LocalSwarm,
+        progress_line,
+        reset,
+        run_local,
+        status_table,
+        summary_lines,
+        swarm_command,
+    )
 
     if nodes < 1 or minutes <= 0:
         raise SwarmError("--nodes must be at least 1 and --minutes more than 0")
@@ -490,36 +381,26 @@ def local_cmd(
         from rich.live import Live
 
         with Live(console=console, refresh_per_second=2) as live:
-            result = run_local(swarm, status_line, lambda rows, left: live.update(status_table(rows, left)))
-    else:  # a log, not a terminal: a plain line every 30 s
+            result = run_local(swarm, lambda line: live.console.print(line, markup=False, highlight=False),
+                               lambda rows, left, recent: live.update(status_table(rows, left, recent)))
+    else:  # a log, not a terminal: each event as it happens, and the nodes' state every 30 s
         last = [0.0]
 
-        def show(rows: list[dict], left: float) -> None:
+        def show(rows: list[dict], left: float, _recent: list[str]) -> None:
             if time.monotonic() - last[0] >= 30:
                 last[0] = time.monotonic()
-                status_line(progress_line(rows, left))
+                say(progress_line(rows, left))
 
-        result = run_local(swarm, status_line, show)
+        def say(line: str) -> None:
+            err_console.print(line, style="dim", markup=False, highlight=False)
+
+        result = run_local(swarm, say, show)
     if as_json:
         print(json.dumps(result))
         return
-    _local_summary(result)
-
-
-def _local_summary(result: dict) -> None:
-    from node.inspection import leaderboard, lineage
-
-    first = Path(result["nodes"][0]["home"])
-    console.print(f"\n[bold]after {result['seconds'] / 60:.1f} min[/]: "
-                  + ("all nodes hold the same best head" if result["agreed"] else "the nodes' heads differ"))
-    leaderboard(home=first, db=None, quorum=result["quorum"], limit=5, as_json=False)
-    if result["best"] and result["best"] != result["baseline"]:
-        lineage(result["best"], home=first, db=None, as_json=False)
-    else:
-        console.print("no verified win yet: the best head is still the baseline")
-    for node in result["nodes"]:
-        console.print(f"{node['node']}: ledger {node['ledger']} ({node.get('experiments', 0)} experiments)")
-    console.print(f"inspect with: swarm ledger leaderboard --home {first}   or   swarm report --home {first} --out report/")
+    console.print()
+    for line in summary_lines(result, swarm_command()):
+        console.print(line, markup=False, highlight=False)
 
 
 def main() -> None:
