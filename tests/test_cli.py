@@ -116,7 +116,8 @@ def test_join_says_at_once_that_the_bootstrap_cannot_be_reached_and_when_it_conn
         assert said.count("cannot reach the bootstrap") == 1  # said once while it retries
         boot = Process("bootstrap", "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--campaign",
                        "cli-test", "--home", str(boot_home), env=env)  # fmt: skip
-        node.wait_for(re.escape(f"connected to the bootstrap {address}"), 90)
+        boot.wait_for(re.escape(address), 60)  # it listens: the node's next dial finds it
+        node.wait_for(re.escape(f"connected to the bootstrap {address}"), 45)  # not a minute late
     finally:
         assert node.stop() == 0
         if boot is not None:
@@ -186,3 +187,22 @@ def test_a_bootstrap_that_is_down_is_asked_again_within_seconds_other_peers_back
         clock[0] += 12.1  # the longest a bootstrap waits, with its jitter
         assert "boot" in book.candidates(set())
     assert "peer" not in book.candidates(set())  # a minute, at most, for the others
+
+
+def test_a_bootstrap_address_with_another_peers_id_is_said_to_be_so(tmp_path):
+    env = {**os.environ, "COLUMNS": "200"}
+    first = Process("peer", "--campaign", "cli-test", "--listen", "/ip4/127.0.0.1/tcp/0",
+                    "--home", str(tmp_path / "first"), env=env)  # fmt: skip
+    second = None
+    try:
+        address = first.wait_for(r"(/ip4/127\.0\.0\.1/tcp/\d+)/p2p/\w+", 60).group(1)
+        other = json.loads(swarm("keys", "new", "--home", str(tmp_path / "k"), "--json").stdout)
+        wrong = f"{address}/p2p/{other['peer_id']}"  # a peer listens there, but not this one
+        second = Process("peer", "--campaign", "cli-test", "--bootstrap", wrong, "--listen",
+                         "/ip4/127.0.0.1/tcp/0", "--home", str(tmp_path / "second"), env=env)  # fmt: skip
+        second.wait_for(re.escape(f"cannot reach the bootstrap {wrong}: a peer answers there, but "
+                                  "not with the peer id after /p2p/; retrying"), 60)  # fmt: skip
+    finally:
+        for process in (second, first):
+            if process is not None:
+                assert process.stop() == 0

@@ -229,6 +229,18 @@ def author_of(raw: Any) -> str | None:
 _HANDSHAKE: contextvars.ContextVar[Any] = contextvars.ContextVar("handshake", default=None)
 
 
+def _dial_failure(exc: BaseException) -> str:
+    """Why a dial failed, in a user's words: nothing there, or a peer other than the one named."""
+    seen, todo = [], [exc]
+    while todo:  # libp2p nests the causes in groups
+        e = todo.pop()
+        seen.append(str(e))
+        todo += [*getattr(e, "exceptions", ()), *([e.__cause__] if e.__cause__ else [])]
+    if any("upgrade security" in text or "handshake" in text for text in seen):
+        return "a peer answers there, but not with the peer id after /p2p/"
+    return "nothing answers there"
+
+
 def _remote_ip(conn: Any) -> str:
     """The remote IP address of a raw or muxed connection, "?" if it has none."""
     try:
@@ -716,16 +728,19 @@ class GossipNode:
     async def _dial(self, peer: str) -> None:
         try:
             addrs = [multiaddr.Multiaddr(a) for a in self.book.addrs(peer)]
+            if peer in self.bootstraps:  # libp2p refuses a peer for a minute once a dial failed
+                self.host.get_network().unblock_peer(ID.from_base58(peer))
             with trio.fail_after(5):
                 await self.host.connect(PeerInfo(ID.from_base58(peer), addrs))
             self.book.dialed(peer, ok=True)
-        except Exception:
+        except Exception as exc:
             self.counts["dials_failed"] += 1
             self.book.dialed(peer, ok=False)
             if peer in self.bootstraps and self.reached.get(peer, True):
                 self.reached[peer] = False  # said once, until it connects
-                self.say(f"cannot reach the bootstrap {self.bootstraps[peer]}: nothing answers "
-                         "there; retrying (check the address, and that the bootstrap runs)")  # fmt: skip
+                why = _dial_failure(exc)
+                self.say(f"cannot reach the bootstrap {self.bootstraps[peer]}: {why}; retrying "
+                         "(check the address, and that the bootstrap runs)")  # fmt: skip
         finally:
             self._dialing.discard(peer)
 
