@@ -296,29 +296,32 @@ def join_cmd(
 
     Example: swarm join --bootstrap /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --profile cpu
     """
+    from node.gossip.peer import check_port_free
     from node.home import resolve_home
     from node.node import NodeConfig, run_node
 
-    bootstrap = bootstrap_addrs(bootstrap or [])  # a user's typo is refused before any key or data
+    # What the user typed is checked before any home, key or data is made.
+    bootstrap = bootstrap_addrs(bootstrap or [])
     gpus = gpus_option(gpus)
-    resolve_home(home)  # a home that cannot be used, too
-    spec = campaign_or_name(campaign)
-    if isinstance(spec, str) and spec.startswith("sha256:"):
-        spec = campaign_from_peer(resolve_home(home), list(bootstrap or []), spec.removeprefix("sha256:"))
-    if isinstance(spec, str) and quorum is None:
-        quorum = 1
+    check_port_free(listen)  # a malformed --listen, or a port taken
+    trusted = _peer_ids(trust or [])
     if quorum is not None and quorum < 1:
         raise SwarmError("--quorum must be at least 1: a claim cannot verify itself")
     if verify_every < 0:
         raise SwarmError("--verify-every must be 0 (never) or more")
+    home_dir = resolve_home(home)  # a home that cannot be used, too
+    spec = campaign_or_name(campaign)
+    if isinstance(spec, str) and spec.startswith("sha256:"):
+        spec = campaign_from_peer(home_dir, bootstrap, spec.removeprefix("sha256:"))
+    if isinstance(spec, str) and quorum is None:
+        quorum = 1
     if not isinstance(spec, str) and quorum is not None and quorum != spec.quorum:
         raise SwarmError(f"campaign {spec.name} sets quorum {spec.quorum}: leave out --quorum {quorum}")
-    config = NodeConfig(home=resolve_home(home), bootstrap=list(bootstrap or []), listen=listen, profile=profile,
+    config = NodeConfig(home=home_dir, bootstrap=bootstrap, listen=listen, profile=profile,
                         data=data, campaign=spec if isinstance(spec, str) else spec.name,
                         campaign_file=None if isinstance(spec, str) else spec, model=model, api_base=api_base,
                         max_cost_usd=max_cost, quorum=quorum or spec.quorum, gpus=gpus, seed=seed,
-                        verify_every=verify_every, trust=_peer_ids(trust or []),
-                        sandbox=None if sandbox else False)
+                        verify_every=verify_every, trust=trusted, sandbox=None if sandbox else False)
     run_node(config, say=status_line)
 
 

@@ -56,6 +56,7 @@ def test_a_malformed_bootstrap_or_gpus_is_refused_before_any_key_or_data_is_writ
         (["--bootstrap", f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}", "--gpus", "foo"],
          "--gpus foo: pass 'all' or how many GPUs to use"),
         (["--gpus", "0"], "--gpus 0: pass 'all'"),
+        (["--listen", "/ip4/127.0.0.1/tcp/notaport"], "is not a multiaddr"),
     ]:  # fmt: skip
         done = swarm("join", "--profile", "test", *args, "--home", str(home))
         assert done.returncode == 1, (args, done.stderr)
