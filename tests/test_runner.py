@@ -166,18 +166,23 @@ def test_runs_that_take_turns_start_up_while_another_trains_and_never_train_toge
     tmp_path, small_data, monkeypatch
 ):
     """Two runs of one device sharing GpuTurns, from two threads: the second starts up while the
-    first trains, waits, ready, for the first's score, and scores what it scores alone."""
+    first trains, waits, ready, until the first stops training (not for its score: that runs
+    beside the second's training), and scores what it scores alone."""
     import threading
 
     from node.trainer import runner
 
     monkeypatch.setattr(runner, "SETTLE_SECONDS", 0.0)
-    turns, stamps, results = runner.GpuTurns(), {}, {}
+    turns, stamps, results, holder = runner.GpuTurns(), {}, {}, {}
     profile = get_profile("test")
 
     def one(name: str, delay: float) -> None:
         time.sleep(delay)
-        stamp = lambda e: stamps.setdefault((name, e["event"]), time.monotonic())  # noqa: E731
+
+        def stamp(event: dict) -> None:
+            stamps.setdefault((name, event["event"]), time.monotonic())
+            holder.setdefault((name, event["event"]), turns.training)  # who has the GPU
+
         results[name] = run_experiment(
             BASELINE_TRAIN_PY, profile, small_data, tmp_path / name, seed=1, on_event=stamp,
             turns=turns,
@@ -192,7 +197,10 @@ def test_runs_that_take_turns_start_up_while_another_trains_and_never_train_toge
     assert a.outcome == b.outcome == "ok", (a.error, b.error)
     assert a.val_bpb == b.val_bpb  # the same seed: waiting changes nothing of the run
     assert stamps["b", "started"] < stamps["a", "eval_start"]  # b started up while a trained
-    assert stamps["b", "ready"] < stamps["a", "done"] < stamps["b", "train_start"]
+    assert stamps["a", "eval_start"] < stamps["b", "train_start"]
+    assert stamps["b", "ready"] < stamps["b", "train_start"]
+    assert holder["a", "train_start"] is not None  # a had the GPU while it trained ...
+    assert holder["a", "eval_start"] is not holder["a", "train_start"]  # ... not for its score
     assert b.held_seconds > 0 and b.startup_seconds < b.total_seconds - b.held_seconds
     assert turns.starting is None and turns.training is None
 

@@ -32,7 +32,7 @@ from node.trainer.scoring import MODEL_FILE, Scoring
 # The harness's version: move it whenever a file that prepares data, times or scores changes
 # (tests/test_harness_version.py fails until it moves), so that results measured by another
 # harness never compare with this one's.
-HARNESS_VERSION = "2026.12.6"
+HARNESS_VERSION = "2026.12.7"
 # What the training process may report; anything else on its pipe is ignored, and a score from
 # it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(
@@ -182,9 +182,11 @@ class GpuTurns:
 
     A run may start up once no other run is starting up or in its first SETTLE_SECONDS of
     training; it starts up in a process that takes only the GPU memory the training run leaves
-    free, then waits, ready, until the run before it has its score (`hold` in the harness). Its
-    budget's clock starts once it has the GPU to itself. A run that fails before it is ready
-    runs again, alone. Pass one GpuTurns to every `run_experiment` of a GPU (from threads).
+    free, then waits, ready, until the run before it has stopped training (`hold` in the
+    harness): the export and the score of the run before run beside its first seconds of
+    training, as its start-up ran beside the other's training. Its budget's clock starts once no
+    other run trains. A run that fails before it is ready runs again, alone. Pass one GpuTurns
+    to every `run_experiment` of a GPU (from threads).
     """
 
     def __init__(self) -> None:
@@ -212,6 +214,13 @@ class GpuTurns:
         with self._changed:
             self._wait(lambda: self.training is None, stops)
             self.training = run
+
+    def trained(self, run: object) -> None:
+        """`run` stopped training: the next may train while it is exported and scored."""
+        with self._changed:
+            if self.training is run:
+                self.training = None
+                self._changed.notify_all()
 
     def settled(self, run: object) -> None:
         with self._changed:
@@ -349,6 +358,8 @@ def _run_experiment(
             scoring.start()
         if event["event"] == "ready" and turns is not None:
             threading.Thread(target=go, daemon=True).start()
+        if event["event"] == "eval_start" and turns is not None:
+            turns.trained(me)
         if event["event"] == "train_start" and turns is not None:
             timer = threading.Timer(SETTLE_SECONDS, turns.settled, (me,))
             timer.daemon = True
