@@ -147,6 +147,7 @@ def research_step(
             run_dir.mkdir(parents=True, exist_ok=True)
             script = run_dir.with_suffix(".py")
             script.write_text(proposal.source)
+            on_event({"event": "trying", "description": proposal.description, "seed": len(pairs) + 1})
             result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
             runs.append((result, started, int(time.time() * 1000)))
             if result.outcome != "ok" or result.val_bpb is None:

@@ -38,6 +38,8 @@ ACTIVE_MS = 3_600_000  # a peer that published in the last hour is active: it ma
 # Until its noise estimate has this many degrees of freedom, a node runs every experiment on
 # two seeds: each such pair is one more degree of freedom (afterwards only apparent wins are).
 CALIBRATION_DF = 4
+# A run's events that start a phase, and the phase, for `swarm status`.
+RUN_PHASES = {"started": "starting", "train_start": "training", "eval_start": "scoring"}
 
 
 class Researcher:
@@ -80,6 +82,8 @@ class Researcher:
         self.rescored: Verified | None = None  # the look at the adopted head's claim, if any
         self.steps = 0
         self.doing = "starting"
+        self.change: str | None = None  # the one-line description of the change in hand
+        self.phase: str | None = None  # of the run in flight: starting, training or scoring
         self.progress: float | None = None
         self.pending: int | None = None  # open claims of other peers this node could verify
 
@@ -119,7 +123,7 @@ class Researcher:
         )
         if rows:
             return rows[0]["val_bpb"]
-        self._set(f"{why}: running {version[:12]} (seed {seed})")
+        self._set(f"{why}: run {version[:8]} on seed {seed}", self.change)
         run_dir = self.work_dir / f"{why}-{version[:12]}-s{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
         script = run_dir.with_suffix(".py")
@@ -635,7 +639,7 @@ class Researcher:
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
         if not self.crew.take("verify", claim["id"]):
             return None
-        self._set(f"{why} {claim['id'][:12]} by {claim['author'][-6:]}")
+        self._set(f"{why} {claim['id'][:12]} by {claim['author'][-6:]}", claim.get("description"))
         parent = self.ledger.version(claim["parent"])
         looks = self.ledger.rows(
             "SELECT COUNT(*) AS n FROM verifications WHERE result = ? AND author = ?",
@@ -701,7 +705,8 @@ class Researcher:
         """What this worker is doing now, for `swarm status`."""
         usage = getattr(self.proposer.inner, "usage", None)  # a model's tokens and dollars
         return {
-            "doing": self.doing, "progress": self.progress, "profile": self.profile.name,
+            "doing": self.doing, "change": self.change, "phase": self.phase,
+            "progress": self.progress, "profile": self.profile.name, "harness": self.harness,
             "head": self.head.sha256 if self.head else None,
             "head_val_bpb": self.head.val_bpb if self.head else None,
             "adopted": self.adopted, "margin": self.margin, "sigma": self.sigma,
@@ -710,14 +715,23 @@ class Researcher:
             "model_usage": vars(usage) if usage is not None else None,
         }  # fmt: skip
 
-    def _set(self, doing: str) -> None:
-        self.doing, self.progress = doing, None
+    def _set(self, doing: str, change: str | None = None) -> None:
+        self.doing, self.change, self.phase, self.progress = doing, change, None, None
         self._write_status()
 
     def _event(self, event: dict) -> None:
-        if event.get("event") == "progress" and isinstance(event.get("progress"), (int, float)):
-            self.progress = float(event["progress"])
-            self._write_status()
+        """A run's events: its phase and progress, and the change a research step tries."""
+        kind = event.get("event")
+        if kind == "trying":  # loop.research_step: the proposal, before its run
+            self.doing = f"research, seed {event.get('seed')} of 2"
+            self.change = str(event.get("description") or "")
+        elif kind in RUN_PHASES:
+            self.phase, self.progress = RUN_PHASES[kind], None
+        elif kind == "progress" and isinstance(event.get("progress"), (int, float)):
+            self.phase, self.progress = "training", float(event["progress"])
+        else:
+            return
+        self._write_status()
 
     def _write_status(self) -> None:
         if self.status_path is None:
