@@ -42,13 +42,16 @@ CHANGES = {
 }
 
 
-def sequence(mode: str, scripts: list[Path], profile, data, root: Path) -> list[dict]:
-    """Run `scripts` in order, serially or taking turns with two workers; one row per run."""
+def sequence(
+    mode: str, scripts: list[Path], profile, data, root: Path, log: Path | None = None
+) -> list[dict]:
+    """Run `scripts` in order, serially or taking turns with two workers; one row per run.
+    Every event goes to `log` as it comes (a call cut short keeps what it saw)."""
     shutil.rmtree(root, ignore_errors=True)
     cache = CompileCache(root / "compiled")
     turns = GpuTurns() if mode == "turns" else None
     rows: list[dict | None] = [None] * len(scripts)
-    claim, next_index = threading.Lock(), [0]
+    claim, next_index, log_lock = threading.Lock(), [0], threading.Lock()
     began = time.monotonic()
 
     def one(i: int) -> None:
@@ -56,6 +59,10 @@ def sequence(mode: str, scripts: list[Path], profile, data, root: Path) -> list[
 
         def stamp(event: dict) -> None:
             stamps.setdefault(event["event"], time.monotonic() - began)
+            if log is not None:
+                with log_lock, log.open("a") as f:
+                    f.write(json.dumps({"mode": mode, "index": i, "at": time.monotonic() - began,
+                                        **event}) + "\n")
             if event["event"] in ("ready", "train_start", "eval_start", "done"):
                 print(f"  {mode} run {i} {scripts[i].stem}: {event['event']} "
                       f"at {time.monotonic() - began:.1f} s", flush=True)
@@ -91,8 +98,13 @@ def summary(mode: str, rows: list[dict]) -> dict:
     gaps = [b["stamps"]["train_start"] - a["stamps"]["eval_start"]
             for a, b in zip(rows, rows[1:], strict=False)
             if "train_start" in b["stamps"] and "eval_start" in a["stamps"]]
+    # A cycle: from one run's training start to the next's. In a node's steady state (start-up
+    # hidden) its share training is what the whole node's wall clock approaches.
+    cycles = [(a["train_seconds"], b["stamps"]["train_start"] - a["stamps"]["train_start"])
+              for a, b in zip(rows, rows[1:], strict=False)
+              if "train_start" in b["stamps"] and "train_start" in a["stamps"]]
     return {"mode": mode, "runs": len(rows), "wall": wall, "train": train,
-            "share": train / wall if wall else 0.0, "gaps": gaps}
+            "share": train / wall if wall else 0.0, "gaps": gaps, "cycles": cycles}
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -132,7 +144,8 @@ def main() -> None:
     scripts = [write_variant(name, folder, CHANGES, prefix="") for name in args.sequence]
     summaries = []
     for mode in args.modes:
-        rows = sequence(mode, scripts, profile, data, folder / mode)
+        rows = sequence(mode, scripts, profile, data, folder / mode,
+                        args.out / "bench_pipeline_events.jsonl")
         with (args.out / "bench_pipeline.jsonl").open("a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
@@ -145,6 +158,8 @@ def main() -> None:
         mean = statistics.fmean(s["gaps"]) if s["gaps"] else 0.0
         print(f"{s['mode']:7} {s['runs']} runs: wall {s['wall']:.1f} s, training {s['train']:.1f} s, "
               f"share {s['share']:.1%}; GPU idle between trainings: {gaps} s (mean {mean:.1f})")
+        for train, cycle in s["cycles"]:
+            print(f"{'':7} a cycle: {train:.1f} s training of {cycle:.1f} s, {train / cycle:.1%}")
 
 
 if __name__ == "__main__":

@@ -34,12 +34,19 @@ from node.trainer import BASELINE_TRAIN_PY, TokenData, get_profile, prepare_data
 
 DATASHEET_FLOPS = 989e12  # dense bf16 of an H100/H200 SXM, the rate MFU is usually quoted against
 
+REGION = "module.compile(dynamic=False)"
+REGIONS = "    for module in (*model.blocks, model.head):\n        " + REGION
 # Each variant is a list of (old, new) replacements applied to the baseline train.py.
 VARIANTS = {
     "baseline": [],
     "wide": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 768, 128, 128, 1)')],
     "b17": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 512, 128, 64, 1)')],  # 2^17 tokens a step
     "b19": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 512, 128, 256, 1)')],  # 2^19 tokens a step
+    # how train.py compiles (docs/trainer.md, "Changes tried for MFU"): the whole model in one
+    # graph, or by region with CUDA graphs, or by region with Inductor's autotuned Triton kernels
+    "whole": [(REGIONS, "    model.compile(dynamic=False, fullgraph=True)")],
+    "cudagraphs": [(REGION, 'module.compile(dynamic=False, mode="reduce-overhead")')],
+    "autotune": [(REGION, 'module.compile(dynamic=False, mode="max-autotune-no-cudagraphs")')],
     "lr10x": [("MATRIX_LR = 0.04 if GPU else 0.02 ", "MATRIX_LR = 0.4 if GPU else 0.2 ")],  # a deliberately bad change
     "cpu-b32": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (4, 128, 64, 32, 1)')],
     "cpu-d3": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (3, 128, 64, 16, 1)')],
