@@ -22,7 +22,7 @@ HomeOption = Annotated[
     typer.Option("--home", help="Node home (key, ledger, runs). Env SWARM_HOME; default ~/.research-swarm."),
 ]
 
-ProfileOption = Annotated[str, typer.Option("--profile", "-p", help="test (seconds), cpu (about 2 minutes), gpu (300 s on one CUDA GPU).")]
+ProfileOption = Annotated[str, typer.Option("--profile", "-p", help="test (seconds), demo (about 20 s of training), cpu (about 2 minutes), gpu (300 s on one CUDA GPU).")]
 DataOption = Annotated[
     str | None,
     typer.Option("--data", help="Replace the profile's data: embedded:default, embedded:small, web:fineweb-edu or urls:FILE."),

@@ -80,6 +80,21 @@ PROFILES = {
         max_train_seconds=900,
         paired_noise=0.007,  # measured: 0.0067 over 5 seeds (docs/trainer.md)
     ),
+    "demo": Profile(  # one laptop core: about 20 s of training, for a first swarm in minutes
+        "demo",
+        "cpu",
+        budget_tokens=2**17,
+        max_flops_per_token=3 * 6_291_456,
+        data="embedded:default",  # the cpu profile's data and tokenizer: built once for both
+        vocab_size=2048,
+        seq_len=128,
+        eval_tokens=2**14,
+        tokenizer_chars=100_000_000,
+        startup_seconds=120,
+        eval_seconds=60,
+        max_train_seconds=300,
+        paired_noise=0.007,
+    ),
     "test": Profile(  # seconds on one core, for tests and a first look
         "test",
         "cpu",

@@ -33,6 +33,7 @@ GPU = S.profile_name == "gpu"  # the gpu recipe; the cpu and test profiles keep 
 DEPTH, MODEL_DIM, HEAD_DIM, DEVICE_BATCH, GRAD_ACCUM = {
     "gpu": (8, 512, 128, 128, 1),
     "cpu": (4, 128, 64, 16, 1),
+    "demo": (4, 128, 64, 16, 1),
     "test": (2, 64, 32, 16, 1),
 }[S.profile_name]
 MLP_RATIO = 4  # hidden width of the MLP over the model width
