@@ -374,18 +374,24 @@ def best_head(
 
 
 def paired_noise(
-    differences: Mapping[Any, Sequence[float]], prior: float, prior_df: int = PRIOR_DF
-) -> tuple[float, int]:
+    differences: Mapping[Any, Sequence[float]], prior: float, prior_df: int = PRIOR_DF,
+    inert: float = 0.0,
+) -> tuple[float, int]:  # fmt: skip
     """(standard deviation of one paired difference, degrees of freedom behind it).
 
     `differences`: for each pair measured (a parent and a child), child minus parent on each
     seed both ran on. The spread of one pair's differences around their mean is noise alone
     (the change's true effect is the same on every seed), so the estimate pools those spreads
     over every pair with two seeds or more; `prior` (the profile's) weighs as `prior_df`
-    degrees of freedom, so that the first few pairs move it and many pairs replace it."""
+    degrees of freedom, so that the first few pairs move it and many pairs replace it. A pair
+    whose every difference is within `inert` of zero (a change the run does not see, such as a
+    constant only another profile reads) tells nothing of a change's noise and is left out:
+    its zero spread would shrink the estimate."""
     squares, df = prior_df * prior**2, 0
     for diffs in differences.values():
         values = [d for d in diffs if d is not None and math.isfinite(d)]
+        if all(abs(d) <= inert for d in values):
+            continue
         if len(values) >= 2:
             mean = statistics.fmean(values)
             squares += sum((d - mean) ** 2 for d in values)

@@ -9,6 +9,7 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN
 
+from node import consensus
 from node.agent import loop
 from node.agent.errors import PatchError, ProposalRefused
 from node.agent.loop import Head
@@ -253,6 +254,33 @@ def test_a_pair_whose_second_seed_ran_for_its_first_ones_luck_never_measures_the
     )  # fmt: skip
     (diffs,) = book.paired_differences("test", "ab" * 32).values()
     assert diffs == pytest.approx([0.01, -0.01])
+
+
+def test_a_change_the_run_does_not_see_costs_one_run_even_while_calibrating(book, alice, tmp_path):
+    """A child that scores as its parent did (a constant only another profile reads) ends the
+    step after one seed: its second seed would add a difference of zero to the noise."""
+    inert = Proposal("unread", BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 "))
+    ran: list[int] = []
+
+    def run(script, profile, data, run_dir, seed=0, on_event=None):
+        ran.append(seed)
+        return fixed_run({1: 3.00, 2: 3.10}.get)(script, profile, data, run_dir, seed, on_event)
+
+    step = research_step(
+        book, alice, Scripted(inert), Head(BASELINE, 3.05), SIGMA, FAST, None, tmp_path,
+        parent_score={1: 3.00, 2: 3.10}.get, run=run, calibrating=True,
+    )  # fmt: skip
+    assert step.outcome == "discard" and ran == [1] and step.pairs == ((1, 3.00, 3.00),)
+
+
+def test_pairs_of_an_unseen_change_never_shrink_the_noise():
+    seen = {("p", "c"): [0.01, 0.03]}
+    assert consensus.paired_noise({**seen, ("p", "d"): [0.0, 0.0]}, 0.0, 0, inert=1e-4) == (
+        consensus.paired_noise(seen, 0.0, 0)
+    )
+    within = {**seen, ("p", "d"): [0.0, 0.00005]}  # a GPU's replay noise, say
+    assert consensus.paired_noise(within, 0.0, 0, inert=1e-4)[1] == 1
+    assert consensus.paired_noise(within, 0.0, 0)[1] == 2  # a difference: counted
 
 
 def test_a_win_on_one_seed_that_the_second_does_not_repeat_is_discarded(book, alice, tmp_path):
