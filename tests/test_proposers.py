@@ -81,6 +81,25 @@ def test_offline_proposer_skips_changes_in_the_history_of_peers():
     assert second.source != first.source
 
 
+def test_offline_proposer_steps_no_constant_a_run_scored_exactly_as_its_parent():
+    """LOSS_CHUNKS is read only by the gpu recipe: once one step of it scored as its parent on
+    every seed, no other step of it (alone or in a pair) is proposed; a step that moved the
+    score closes nothing."""
+    def proposals(history: tuple[Attempt, ...]) -> list[str]:
+        proposer, out = OfflineProposer(3), []
+        context = Context(BASELINE, profile="demo", history=history)
+        for _ in range(150):
+            out.append(proposer.propose(context).description)
+        return out
+
+    unseen = Attempt("LOSS_CHUNKS 4 -> 3", "discard", 0.0, "h1", "12D3KooWpeer", paired=(0.0, 0.0))
+    moved = Attempt("HEAD_LR 0.004 -> 0.002", "discard", 0.01, "h2", "12D3KooWpeer", paired=(0.01,))
+    before, after = proposals(()), proposals((unseen, moved))
+    assert any("LOSS_CHUNKS" in d for d in before) and any("HEAD_LR" in d for d in before)
+    assert not any("LOSS_CHUNKS" in d for d in after)
+    assert any("HEAD_LR" in d for d in after)
+
+
 def test_offline_proposer_steps_the_model_size_of_its_own_profile_only():
     children = [child for _, child in OfflineProposer(0).candidates(BASELINE, "cpu")]
     rows = {line for child in children for line in child.split("\n") if line.startswith('    "')}

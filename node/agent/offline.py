@@ -182,6 +182,23 @@ def _change_hash(parent: str, child: str) -> str:
     return change_hash(parent, child)
 
 
+def _constants(description: str) -> set[str]:
+    """The constants a step's description names (`NAME[i] old -> new`; a pair: `...; ...`)."""
+    return {part.split(" ", 1)[0] for part in description.split("; ") if " -> " in part}
+
+
+def unread_constants(context: Context) -> set[str]:
+    """Constants a run of this parent did not see: a single step of one scored exactly as the
+    parent on every seed paired (a CPU replays a run bit for bit), by this node or a peer, so
+    that every other step of that constant would be a run spent on nothing (a constant only
+    another profile's recipe reads)."""
+    return {
+        name for a in context.history
+        if a.paired and not any(a.paired) and "; " not in a.description
+        for name in _constants(a.description)
+    }  # fmt: skip
+
+
 class OfflineProposer:
     """Seeded changes that need no model: each call gives the next untried one on the parent.
 
@@ -215,9 +232,10 @@ class OfflineProposer:
 
     def propose(self, context: Context) -> Proposal:
         parent, tried = context.parent, context.tried_hashes
+        unseen = unread_constants(context)
         seen: set[str] = set()
         for description, child in self.candidates(context.train_py, context.profile):
-            if child == context.train_py:
+            if child == context.train_py or unseen & _constants(description):
                 continue
             key = _change_hash(context.train_py, child)
             if key in tried or key in seen or (parent, key) in self._proposed:

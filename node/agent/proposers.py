@@ -9,6 +9,7 @@ proposes a change whose hash was already tried on the same parent. Implementatio
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,6 +29,7 @@ class Attempt:
     delta: float | None  # child minus parent val_bpb (negative is better); None if unknown
     diff_hash: str
     by: str = "a peer"  # "this node" or a peer id
+    paired: tuple[float, ...] = ()  # child minus parent on each seed its author ran both on
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,15 @@ class Proposer(Protocol):
     def propose(self, context: Context) -> Proposal: ...
 
 
+def _paired(result: dict) -> tuple[float, ...]:
+    """A result's paired differences, child minus parent on each seed (none if unreadable)."""
+    try:
+        child, parent = json.loads(result["child_scores"]), json.loads(result["parent_scores"])
+        return tuple(float(c) - float(p) for c, p in zip(child, parent, strict=True))
+    except (TypeError, ValueError):
+        return ()
+
+
 def context_from_ledger(
     ledger: Ledger, train_py: str, profile: str, program: str = "", me: str | None = None,
     parent_val_bpb: float | None = None, limit: int = 30,
@@ -70,7 +81,8 @@ def context_from_ledger(
     """
     parent = hashlib.sha256(train_py.encode()).hexdigest()
     rows = ledger.rows(
-        "SELECT author, description, outcome, val_bpb, diff_sha256 FROM results "
+        "SELECT author, description, outcome, val_bpb, diff_sha256, child_scores, parent_scores "
+        "FROM results "
         "WHERE parent = ? AND profile = ? ORDER BY time DESC, id",
         (parent, profile),
     )
@@ -86,7 +98,7 @@ def context_from_ledger(
             description=r["description"], outcome=r["outcome"], diff_hash=r["diff_sha256"],
             delta=None if r["val_bpb"] is None or parent_val_bpb is None
             else r["val_bpb"] - parent_val_bpb,
-            by="this node" if r["author"] == me else r["author"],
+            by="this node" if r["author"] == me else r["author"], paired=_paired(r),
         )
         for r in rows[:limit]
     )  # fmt: skip
