@@ -384,9 +384,9 @@ def paired_noise(
     (the change's true effect is the same on every seed), so the estimate pools those spreads
     over every pair with two seeds or more; `prior` (the profile's) weighs as `prior_df`
     degrees of freedom, so that the first few pairs move it and many pairs replace it. A pair
-    whose every difference is within `inert` of zero (a change the run does not see, such as a
-    constant only another profile reads) tells nothing of a change's noise and is left out:
-    its zero spread would shrink the estimate."""
+    whose every difference is within `inert` of zero (by default exactly zero: a change the run
+    does not see, such as a constant only another profile reads) tells nothing of a change's
+    noise and is left out: its zero spread would shrink the estimate."""
     squares, df = prior_df * prior**2, 0
     for diffs in differences.values():
         values = [d for d in diffs if d is not None and math.isfinite(d)]

@@ -196,7 +196,8 @@ class Events:
         for row in rows:
             adopted, before = row.get("adopted"), self.adopted.get(row["node"])
             if adopted and before and adopted != before:
-                lines.append(f"{row['node']} adopted {adopted[:12]}: {self._about(row['node'], adopted)}")
+                about = self._about(row["node"], adopted)
+                lines.append(f"{row['node']} adopted {adopted[:12]}: {about}")
             if adopted:
                 self.adopted[row["node"]] = adopted
         self.recent = (self.recent + lines)[-self.keep :]
@@ -223,13 +224,16 @@ class Events:
             if c["id"] not in self.seen:
                 self.seen.add(c["id"])
                 gain = _signed(_mean_gain(c))
-                lines.append(f"{node} claims a win: {_quote(c['description'])} ({gain} bpb on its seeds)")
+                lines.append(
+                    f"{node} claims a win: {_quote(c['description'])} ({gain} bpb on its seeds)"
+                )
         for v in verdicts:
             if v["id"] not in self.seen:
                 self.seen.add(v["id"])
                 whose = "its own" if v["author"] == peer_id else f"{self._name(v['author'])}'s"
-                lines.append(f"{node} {_VERB.get(v['verdict'], v['verdict'])} {whose} "
-                             f"{_quote(v['description'])} ({_signed(v['delta'])} bpb on its seed)")  # fmt: skip
+                verb, delta = _VERB.get(v["verdict"], v["verdict"]), _signed(v["delta"])
+                lines.append(f"{node} {verb} {whose} {_quote(v['description'])} "
+                             f"({delta} bpb on its seed)")  # fmt: skip
         return lines
 
     def _about(self, node: str, version: str) -> str:
@@ -305,8 +309,8 @@ def run_local(
             interrupted.wait(2.0)
     finally:
         in_flight = [f"{r['node']}: {_run_in_flight(r)}" for r in snapshot(swarm) if r.get("phase")]
-        say("stopping the nodes" + (f"; the runs in flight are dropped, not recorded ({'; '.join(in_flight)})"
-                                    if in_flight else ""))  # fmt: skip
+        dropped = f"; the runs in flight are dropped, not recorded ({'; '.join(in_flight)})"
+        say("stopping the nodes" + (dropped if in_flight else ""))
         codes = swarm.stop()
         signal.signal(signal.SIGINT, previous)
     for line in events.poll(snapshot(swarm)):
@@ -354,9 +358,11 @@ def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
     )
     nodes = []
     for home, row in zip(swarm.node_homes(), rows, strict=True):
-        entry: dict = {"node": home.name, "home": str(home), "ledger": str(ledger_path(home)),
-                       "peer_id": row.get("peer_id"), "outcomes": row.get("outcomes", {}),
-                       "given": row.get("given", 0), "received": row.get("received", 0)}  # fmt: skip
+        entry: dict = {
+            "node": home.name, "home": str(home), "ledger": str(ledger_path(home)),
+            "peer_id": row.get("peer_id"), "outcomes": row.get("outcomes", {}),
+            "given": row.get("given", 0), "received": row.get("received", 0),
+        }  # fmt: skip
         entry["experiments"] = sum(entry["outcomes"].values())
         if ledger_path(home).is_file():
             with Ledger(ledger_path(home), readonly=True) as ledger:
@@ -375,7 +381,9 @@ def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
     }  # fmt: skip
 
 
-def head_lineage(ledger, profile: str, quorum: int, harness: str, baseline: str, head: str) -> list[dict]:
+def head_lineage(
+    ledger, profile: str, quorum: int, harness: str, baseline: str, head: str
+) -> list[dict]:
     """The verified steps from the baseline to `head`, oldest first: each claim's description,
     author, verified gain (bpb, negative is better) and its standard error, and every look at
     it (peer, verdict, its delta on its own seed)."""
@@ -412,25 +420,30 @@ def summary_lines(result: dict, command: str) -> list[str]:
     best, minutes = result["best"], result["seconds"] / 60
     lines = []
     if not best or best == result["baseline"]:
-        lines.append(f"after {minutes:.1f} min: no verified win yet; the head is still the baseline "
-                     f"{result['baseline'][:8]}")  # fmt: skip
+        lines.append(f"after {minutes:.1f} min: no verified win yet; the head is still the "
+                     f"baseline {result['baseline'][:8]}")  # fmt: skip
     elif result["agreed"]:
-        lines.append(f"after {minutes:.1f} min: all {len(result['nodes'])} nodes hold the verified "
-                     f"head {best[:8]}, {len(result['lineage'])} verified step(s) from the baseline "
-                     f"{result['baseline'][:8]}:")  # fmt: skip
+        lines.append(f"after {minutes:.1f} min: all {len(result['nodes'])} nodes hold the "
+                     f"verified head {best[:8]}, {len(result['lineage'])} verified step(s) from "
+                     f"the baseline {result['baseline'][:8]}:")  # fmt: skip
     else:
         held = ", ".join(f"{n['node']} {(n.get('head') or '-')[:8]}" for n in result["nodes"])
-        lines.append(f"after {minutes:.1f} min: the nodes' heads differ ({held}); node0's head "
-                     f"{best[:8]} is {len(result['lineage'])} verified step(s) from the baseline:")  # fmt: skip
+        lines.append(f"after {minutes:.1f} min: the nodes' heads differ ({held}); node0's "
+                     f"head {best[:8]} is {len(result['lineage'])} verified step(s) from the "
+                     "baseline:")  # fmt: skip
     for k, step in enumerate(result.get("lineage", []), 1):
-        gain = "?" if step["gain"] is None else f"{-step['gain']:+.4f} +- {step['gain_se'] or 0:.4f}"
+        gain = "?"
+        if step["gain"] is not None:
+            gain = f"{-step['gain']:+.4f} +- {step['gain_se'] or 0:.4f}"
         lines.append(f"  {k}. {_quote(step['description'])} by {name(step['author'])} -> "
-                     f"{step['version'][:8]}: val_bpb {gain} as verified (all looks pooled)")  # fmt: skip
+                     f"{step['version'][:8]}: val_bpb {gain} as verified (all looks "
+                     "pooled)")  # fmt: skip
         looks = [f"{name(v['author'])} {v['verdict']} {_signed(v['delta'])}" for v in step["looks"]]
         lines.append("     looks (delta on the looker's seed): " + (", ".join(looks) or "none"))
     for n in result["nodes"]:
         o = n.get("outcomes", {})
-        lines.append(f"{n['node']}: {n.get('experiments', 0)} experiments ({o.get('keep', 0)} kept, "
+        lines.append(f"{n['node']}: {n.get('experiments', 0)} experiments "
+                     f"({o.get('keep', 0)} kept, "
                      f"{o.get('discard', 0)} discarded, {o.get('crash', 0)} crashed), "
                      f"{n.get('given', 0)} verifications given, {n.get('received', 0)} received; "
                      f"ledger {n['ledger']}")  # fmt: skip

@@ -96,9 +96,10 @@ def research_step(
 ) -> Step:  # fmt: skip
     """Propose a change of `head`, check it, and run it paired with the head: on `seeds[0]`, and
     on `seeds[1]` too when the first pair looks like a win (or while `calibrating`, when the
-    node still learns its noise: two seeds of one pair measure it), unless the first scored as
-    its parent did within the profile's replay tolerance: a change the run does not see, whose
-    second seed would only teach the node a noise of zero. `parent_score(seed)` is this
+    node still learns its noise: two seeds of one pair measure it), unless the first scored
+    exactly as its parent did: a change the run does not see (a CPU replays a run bit for bit;
+    a GPU's runs never tie so, and within its replay tolerance lie real gains), whose second
+    seed would only teach the node a noise of zero. `parent_score(seed)` is this
     node's score of the head on a seed, measured when it has none. Keep the child only when its
     mean paired gain beats the margin for that many runs (`consensus.margin_for` of `sigma`, the
     standard deviation of one paired difference; `margin(runs)` replaces it), and publish a signed
@@ -140,8 +141,8 @@ def research_step(
         for seed in seeds[:2]:
             if pairs and not (calibrating or _gain(pairs) > margin(1)):
                 break
-            if pairs and abs(pairs[0][1] - pairs[0][2]) <= profile.replay_tolerance:
-                break  # the run did not see the change: its score is the parent's
+            if pairs and pairs[0][1] == pairs[0][2]:
+                break  # the run did not see the change: its score is the parent's, to the bit
             if seed not in parents:
                 parents[seed] = parent_score(seed)
                 if parents[seed] is None:
@@ -151,7 +152,9 @@ def research_step(
             run_dir.mkdir(parents=True, exist_ok=True)
             script = run_dir.with_suffix(".py")
             script.write_text(proposal.source)
-            on_event({"event": "trying", "description": proposal.description, "seed": len(pairs) + 1})
+            on_event(
+                {"event": "trying", "description": proposal.description, "seed": len(pairs) + 1}
+            )
             result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
             runs.append((result, started, int(time.time() * 1000)))
             if result.outcome != "ok" or result.val_bpb is None:

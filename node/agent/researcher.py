@@ -154,7 +154,7 @@ class Researcher:
     def _update_noise(self) -> None:
         self.sigma, self.sigma_df = consensus.paired_noise(
             self.ledger.paired_differences(self.profile.name, self.harness),
-            self.profile.paired_noise, inert=self.profile.replay_tolerance,
+            self.profile.paired_noise,
         )
         self.margin = consensus.margin_for(self.sigma)
 
