@@ -47,6 +47,7 @@ VARIANTS = {
     "whole": [(REGIONS, "    model.compile(dynamic=False, fullgraph=True)")],
     "cudagraphs": [(REGION, 'module.compile(dynamic=False, mode="reduce-overhead")')],
     "autotune": [(REGION, 'module.compile(dynamic=False, mode="max-autotune-no-cudagraphs")')],
+    "bf16": [("FP8 = GPU and ", "FP8 = False and GPU and ")],  # no float8 products (the baseline before 2026-12-03)
     "lr10x": [("MATRIX_LR = 0.04 if GPU else 0.02 ", "MATRIX_LR = 0.4 if GPU else 0.2 ")],  # a deliberately bad change
     "cpu-b32": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (4, 128, 64, 32, 1)')],
     "cpu-d3": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (3, 128, 64, 16, 1)')],
