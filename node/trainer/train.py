@@ -12,7 +12,8 @@ cautious weight decay and Polar Express coefficients, a momentum warm-up, higher
 no updates from the harness's warm-up batches (docs/trainer.md: what was measured, and what was
 not). `GPU` switches each of those; on the CPU profiles the file trains exactly as the simpler
 recipe did. Under autocast (training on a GPU) the residual stream is kept in bf16, and on the
-`gpu` profile the loss and its gradient come from one pass over the logits (`SoftcapCrossEntropy`).
+`gpu` profile the loss and its gradient come from one pass over the logits (`SoftcapCrossEntropy`)
+and a training step's forward products of normed inputs run in float8 (`Fp8NormedLinear`).
 """
 
 import math
@@ -41,6 +42,8 @@ ROPE_BASE = 10000.0  # rotary embedding base frequency
 LOGIT_SOFTCAP = 15.0  # tanh cap on the output logits, for stability
 FUSED_LOSS = GPU  # the loss and its gradient in one pass over the logits, in slices of tokens
 LOSS_CHUNKS = 4  # token slices of the fused loss
+# training steps: the forward products of normed inputs (q, k, v, MLP up) in float8 e4m3, where the GPU has it
+FP8 = GPU and S.device.type == "cuda" and torch.cuda.get_device_capability(S.device) >= (8, 9)
 VALUE_EMBEDS = GPU  # every other block (the last among them) adds a token embedding of its own to its values
 VE_GATE_CHANNELS = 32  # input channels the value embedding's per-head gate reads
 X0_SKIP = GPU  # each block's input mixes the residual stream with the embedding, by two learned gains
@@ -75,6 +78,43 @@ def rms_norm(x):
     return F.rms_norm(x, (x.size(-1),))
 
 
+def normed_linear(x, weight, fp8):
+    """x @ weight.T for an rms-normed x; its forward product in float8 if `fp8` (a training step)."""
+    return Fp8NormedLinear.apply(x, weight) if fp8 else F.linear(x, weight)
+
+
+TENSORWISE = F.ScalingType(0) if FP8 else None  # ScalingType.TensorWise: one scale for a whole tensor
+
+
+@torch.compiler.allow_in_graph  # torch 2.11 cannot trace into scaled_mm: it enters the compiled graph whole
+def fp8_matmul(a, b, scale_a, scale_b):
+    return F.scaled_mm(a, b, scale_a, TENSORWISE, scale_b, TENSORWISE, output_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+class Fp8NormedLinear(torch.autograd.Function):
+    """x @ weight.T for an rms-normed x (no entry over sqrt(width)), the forward product in float8
+    e4m3 (448 at most): x by a fixed scale, so that its cast fuses into the norm's kernel, the weight
+    by its largest entry. The backward pass is bf16, as without it: float8 gradients, and float8 for
+    the unbounded inputs of the MLP's down and the attention's output products, need a scale taken
+    from the whole tensor, passes that cost about what the faster products save (docs/trainer.md).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        x_scale = torch.full((), x.size(-1) ** 0.5 / 448, device=x.device)
+        w_scale = weight.abs().amax().clamp_min(1e-30) / 448
+        xq = (x.flatten(0, -2).float() / x_scale).to(torch.float8_e4m3fn)
+        wq = (weight / w_scale).to(torch.float8_e4m3fn)
+        return fp8_matmul(xq, wq.T, x_scale, w_scale).unflatten(0, x.shape[:-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_w = grad.flatten(0, -2).T @ x.flatten(0, -2)
+        return grad @ weight.to(grad.dtype), grad_w.float()
+
+
 def rotary_tables(seq_len, head_dim, device):
     inv_freq = ROPE_BASE ** -(torch.arange(0, head_dim, 2, device=device).float() / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
@@ -97,9 +137,9 @@ class Attention(nn.Module):
         # how much of the value embedding each head adds to its values: 2 sigmoid(gate), 1 at init
         self.ve_gate = nn.Linear(VE_GATE_CHANNELS, self.heads, bias=False) if value_embed else None
 
-    def forward(self, x, cos, sin, ve=None):
+    def forward(self, x, cos, sin, ve=None, fp8=False):
         B, T, C = x.shape
-        q, k, v = (proj(x).view(B, T, self.heads, HEAD_DIM) for proj in (self.q, self.k, self.v))
+        q, k, v = (normed_linear(x, p.weight, fp8).view(B, T, self.heads, HEAD_DIM) for p in (self.q, self.k, self.v))
         if ve is not None:
             gate = 2 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS]))
             v = v + gate.unsqueeze(-1) * ve.view(B, T, self.heads, HEAD_DIM).type_as(v)
@@ -114,8 +154,8 @@ class MLP(nn.Module):
         self.up = nn.Linear(MODEL_DIM, MLP_RATIO * MODEL_DIM, bias=False)
         self.down = nn.Linear(MLP_RATIO * MODEL_DIM, MODEL_DIM, bias=False)
 
-    def forward(self, x):
-        return self.down(F.relu(self.up(x)).square())  # ReLU squared
+    def forward(self, x, fp8=False):
+        return self.down(F.relu(normed_linear(x, self.up.weight, fp8)).square())  # ReLU squared
 
 
 class Block(nn.Module):
@@ -127,11 +167,11 @@ class Block(nn.Module):
             self.resid_gain = nn.Parameter(torch.ones(()))
             self.x0_gain = nn.Parameter(torch.zeros(()))
 
-    def forward(self, x, cos, sin, x0=None, ve=None):
+    def forward(self, x, cos, sin, x0=None, ve=None, fp8=False):  # fp8: a training step
         if x0 is not None:
             x = self.resid_gain * x + self.x0_gain * x0
-        x = x + self.attn(rms_norm(x), cos, sin, ve)
-        return x + self.mlp(rms_norm(x))
+        x = x + self.attn(rms_norm(x), cos, sin, ve, fp8)
+        return x + self.mlp(rms_norm(x), fp8)
 
 
 class LMHead(nn.Module):
@@ -228,7 +268,7 @@ class GPT(nn.Module):
         tables = iter(self.value_embeds)
         for i, block in enumerate(self.blocks):
             ve = next(tables)(idx) if has_value_embed(i) else None
-            x = block(x, self.cos[:, :T], self.sin[:, :T], x0 if X0_SKIP else None, ve)
+            x = block(x, self.cos[:, :T], self.sin[:, :T], x0 if X0_SKIP else None, ve, FP8 and targets is not None)
         return self.head(x, targets)
 
 
