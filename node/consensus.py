@@ -38,6 +38,9 @@ LOOK_BUDGET_PER_QUORUM = 8
 # costs a few more looks, never a refusal.
 HOLD_FACTOR = 3.0
 HOLD_LOOKS = 3  # seeds, from peers not its author, that a held claim needs
+# Before any gain is verified on a profile, the size of gain expected there, in paired sigmas:
+# what a node's keep margin lets through (2 sigmas on one seed, 1.4 on the mean of two).
+PRIOR_GAIN_SIGMAS = 2.0
 HELD = "held"  # the state of a claim the evidence verifies but the hold keeps waiting
 UNPROVEN = "unproven"  # an open claim with its look budget spent: nobody looks again
 # Verdicts no noise explains: the harness refused the re-run, or the replay of the author's own
@@ -162,23 +165,45 @@ def judge_claim(
     return j
 
 
+def _side(state: str) -> int:
+    """+1 for a win (verified or held), -1 for a loss (refuted), 0 for anything else."""
+    return 1 if state in ("verified", HELD) else -1 if state == "refuted" else 0
+
+
+def unchecked_side(
+    claim: Mapping[str, Any],
+    looks: Iterable[Mapping[str, Any]],
+    rules: Rules,
+    silenced: Collection[str] = (),
+) -> int:
+    """+1 when the looks verify (or hold) a claim that the looks of the peers a replay
+    corroborated alone (`evidence.cross_check`) would not; -1 when they refute a claim that its
+    author's signed gain contradicts (`Judgement.author_z` past `evidence.OUTLIER_Z`) and those
+    looks alone would not; 0 otherwise. Then a replay of the seeds on that side is due: a look
+    no run stands behind is found that way, whichever size of gain or loss it shows, whether it
+    makes up a win or refutes an honest one. A refutation that its author's numbers do not
+    contradict (most: a lucky seed of a change of no gain) needs no replay."""
+    looks = list(looks)
+    judged = judge_claim(claim, looks, rules, silenced)
+    side = _side(judged.state)
+    if side < 0 and not (judged.author_z is not None and judged.author_z > evidence.OUTLIER_Z):
+        return 0
+    if not side:
+        return 0
+    reports = [v for v in looks if v["author"] != claim["author"]]
+    agreed = evidence.cross_check(reports, rules.tolerance).agreed
+    checked = [v for v in looks if v["author"] in agreed]
+    return 0 if _side(judge_claim(claim, checked, rules, silenced).state) == side else side
+
+
 def rests_on_unchecked(
     claim: Mapping[str, Any],
     looks: Iterable[Mapping[str, Any]],
     rules: Rules,
     silenced: Collection[str] = (),
 ) -> bool:
-    """Whether a claim the looks verify (or hold) would not be, from the looks of the peers a
-    replay corroborated alone (`evidence.cross_check`): then a replay of the others' seeds is
-    due before anyone builds on it for long. A look no run stands behind is found that way,
-    whichever size of gain it shows."""
-    looks = list(looks)
-    if judge_claim(claim, looks, rules, silenced).state not in ("verified", HELD):
-        return False
-    reports = [v for v in looks if v["author"] != claim["author"]]
-    agreed = evidence.cross_check(reports, rules.tolerance).agreed
-    checked = [v for v in looks if v["author"] in agreed]
-    return judge_claim(claim, checked, rules, silenced).state not in ("verified", HELD)
+    """Whether the claim's verdict rests on looks nobody replayed (`unchecked_side`)."""
+    return unchecked_side(claim, looks, rules, silenced) != 0
 
 
 def judge_claims(
@@ -254,6 +279,15 @@ def _hold(
                     j, state=HELD, reason=_held_reason(profile, j, record)
                 )
     return judged
+
+
+def gain_scale(judged: Mapping[str, Judgement], sigma: float) -> float:
+    """The size of gain verified on a profile (`judged`: its claims' judgements): the largest
+    verified, or PRIOR_GAIN_SIGMAS of its paired noise `sigma` before any."""
+    return max(
+        (j.gain for j in judged.values() if j.state == "verified" and j.gain),
+        default=PRIOR_GAIN_SIGMAS * sigma,
+    )
 
 
 def _held_reason(profile: str, j: Judgement, record: float | None) -> str:

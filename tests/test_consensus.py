@@ -261,6 +261,25 @@ def test_a_replay_is_due_while_a_verdict_rests_on_looks_nobody_replayed():
     assert evidence.seeds_to_replay(replayed, "h2", "a", "cpu", RULES.tolerance) == []
 
 
+def test_a_refutation_its_authors_numbers_contradict_waits_on_a_replay_of_its_losses():
+    """An honest win framed by made-up losses: the author signed a gain of 0.03, two looks
+    nobody replayed say 0.02 worse. The refutation rests on them, so their seeds are due for a
+    replay; once two replays give the seeds' real scores, the losses are contradicted and the
+    claim is judged without them. A refutation the author's numbers agree with needs none."""
+    framed = [result("r1", "a", BASELINE, V1, claimed=0.03)]
+    losses = [report("r1", "c", 10 + k, 1.52, 1.50) for k in range(2)]
+    assert state(framed, losses) == "refuted"
+    assert consensus.unchecked_side(framed[0], losses, RULES) == -1
+    seeds = evidence.seeds_to_replay(losses, "h1", "a", "cpu", RULES.tolerance)
+    assert sorted(seeds) == [10, 11]
+    replays = [report("r1", h, 10 + k, 1.47, 1.50) for k in range(2) for h in ("h1", "h2")]
+    judged = judge_claims(framed, [*losses, *replays], RULES)["r1"]
+    assert judged.contradicted == ("c",) and judged.state != "refuted"
+    lucky = [result("r1", "a", BASELINE, V1, claimed=0.004)]  # a lucky seed, honestly refuted
+    assert state(lucky, losses) == "refuted"
+    assert consensus.unchecked_side(lucky[0], losses, RULES) == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Void and misreported: what no noise explains, decided by a majority of at least the quorum
 

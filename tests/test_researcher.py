@@ -28,6 +28,7 @@ from node.agent.verifier import Verified, verify_claim
 from node.consensus import verified_children
 from node.identity import Identity
 from node.ledger import Ledger
+from node.ledger_queries import LOOK_COLUMNS
 from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile, harness_sha256
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
@@ -718,3 +719,80 @@ def test_looks_that_revoke_an_adopted_win_move_every_node_back(book, alice, bob,
     assert best_head(book, "test", sha(BASELINE)) == sha(BASELINE) and 1 <= audits < 8
     node.step()
     assert node.adopted == sha(BASELINE)
+
+
+def test_before_any_gain_is_verified_an_author_is_taken_at_its_word_for_a_gain_a_margin_lets_by(
+    book, alice, carol, tmp_path
+):
+    """With no verified gain on the profile yet to size a claim by, a claim of a gain the size
+    a keep margin lets through (consensus.PRIOR_GAIN_SIGMAS of the paired noise, times
+    HOLD_FACTOR) is researched ahead from at once, its first run a look; a claim far past it
+    waits for a peer's look."""
+    node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=4)
+    node.start()
+    assert node.adopted == sha(BASELINE)
+    scale = consensus.HOLD_FACTOR * consensus.PRIOR_GAIN_SIGMAS * PROFILE.paired_noise
+    for source, claimed in ((NARROW, 10 * scale), (SOFTCAP, scale / 2)):
+        book.add_version(source.encode())
+        body = wire.result_body(
+            parent=sha(BASELINE), child=sha(source), diff=b"d", description="next",
+            profile="test", harness=harness_sha256(PROFILE), seed=1, outcome="keep",
+            metrics={"val_bpb": 1.5 - claimed, "steps": 1, "tokens": 1},
+            pairs=[(1, 1.5 - claimed, 1.5)],
+        )  # fmt: skip
+        fact = wire.sign(alice, "result", CAMPAIGN, book.next_seq(alice.public_key), body)
+        book.ingest(fact.raw)
+        ahead = node._speculate()
+        if source == NARROW:
+            assert ahead is None and node.head.sha256 == sha(BASELINE)
+        else:
+            assert isinstance(ahead, Verified) and ahead.fact.body["result"] == fact.id
+
+
+def test_a_nodes_own_keep_that_the_adopted_head_lacks_is_rebased_onto_it_first(
+    book, alice, bob, carol, tmp_path
+):
+    """alice keeps FOUR_STEPS while bob's NARROW, found beside it on the same parent, is
+    verified: adopting NARROW, her next experiment is her own change merged onto it (BOTH),
+    before anything her proposer has; so a win found beside the adopted one adds to it."""
+    landscape = Landscape()
+    worker = researcher(book, alice, tmp_path, Scripted(FOUR_STEPS, SOFTCAP), landscape,
+                        verify_every=0)  # fmt: skip
+    assert worker.step().outcome == "keep" and worker.head.source == FOUR_STEPS
+    _verified_claim(book, bob, carol, BASELINE, NARROW, replayed_by=DAVE)
+    rebased = worker.step()
+    assert worker.adopted == sha(NARROW)
+    assert rebased.outcome == "keep" and worker.head.source == BOTH
+    assert rebased.description.startswith(f"merge of {sha(FOUR_STEPS)[:12]}")
+    assert rebased.fact.body["parent"] == sha(NARROW)
+
+
+def test_an_honest_win_refuted_by_made_up_losses_is_replayed_and_judged_again(
+    book, alice, bob, carol, tmp_path
+):
+    """alice signs NARROW's real gain (0.05); dave refutes it with two looks no run stands
+    behind. Its author's numbers contradict the refutation, so the node drawn for one of dave's
+    seeds replays it: the seed is contested (one report against one), dave's looks count for
+    nothing until a third report decides, and NARROW is refuted no more."""
+    landscape = Landscape()
+    claim = _verified_claim(book, alice, DAVE, BASELINE, NARROW, gain=-0.02)  # dave's losses
+    assert book.standings("test", every=True)[1][claim.id].state == "refuted"
+    replayed: dict[int, set[str]] = {}
+    for _ in range(4):  # each replayer replays the seed it is drawn for, as often as drawn
+        for who, name in ((bob, "bob"), (carol, "carol")):
+            with ledger_of(tmp_path, name) as theirs:
+                gossip(book, theirs)
+                node = researcher(theirs, who, tmp_path / name, Scripted(), landscape)
+                node.start()
+                looked = node._recheck()
+                if looked is not None:
+                    assert looked.fact.body["seed"] in range(100, 100 + consensus.HOLD_LOOKS)
+                    replayed.setdefault(looked.fact.body["seed"], set()).add(name)
+                gossip(theirs, book)
+        if book.standings("test", every=True)[1][claim.id].state != "refuted":
+            break
+    looks = book.rows(f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim.id,))
+    row = book.rows("SELECT * FROM results WHERE id = ?", (claim.id,))[0]
+    judged = consensus.judge_claim(row, looks, book.rules("test", 1))
+    assert judged.state == "open" and DAVE.peer_id in judged.contested
+    assert sum(len(names) for names in replayed.values()) == 1  # one replayer, drawn

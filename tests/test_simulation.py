@@ -134,3 +134,17 @@ def test_the_study_reports_medians_intervals_and_unreached_seeds():
     low, high = out["speedup_vs_lone_swarm_rule"]["low"], out["speedup_vs_lone_swarm_rule"]["high"]
     assert low <= 10 <= high and low < high
     assert out["speedup_vs_keep_if_lower"]["value"] is None  # the lone node never got there
+
+
+def test_a_merge_in_a_lineage_counts_for_the_author_of_the_change_it_carries():
+    sim = Simulation(Settings(nodes=2, seed=0))
+    try:
+        win = {"id": "r1", "author": "slow", "description": "idea 7 on", "child": "ab" * 32}
+        merged = {"id": "r2", "author": "fast", "description": f"merge of {'ab' * 6}: idea 7 on",
+                  "child": "cd" * 32}  # fmt: skip
+        again = {"id": "r3", "author": "other", "description": f"merge of {'cd' * 6}: merge of",
+                 "child": "ef" * 32}  # fmt: skip
+        sim.made_by.update({win["child"]: win, merged["child"]: merged})
+        assert sim.origin(win) is win and sim.origin(merged) is win and sim.origin(again) is win
+    finally:
+        sim.close()

@@ -224,6 +224,7 @@ class Researcher:
             self.rescored = self._look(self._claim_row(claim), "re-score")
         if self.head is not None and self._builds_on(self.head.sha256, best):
             return  # this node's own kept chain already starts from the new head: go on from it
+        mine = self.head
         if self.head is None or self.head.sha256 != best:
             try:
                 self.head = Head(source.decode(), self.score(source.decode()))
@@ -232,10 +233,13 @@ class Researcher:
                     self.head = Head(self.baseline_source, self.score(self.baseline_source))
                 self._set(f"cannot adopt {best[:12]}: {exc}"[:200])
                 return
+        # Its own keeps the new head lacks go first, rebased onto it: a win found beside the
+        # one the swarm adopted adds to it instead of being lost because it came second.
+        rebased = [] if mine is None else [p for p in [self._rebase(mine, self.head)] if p]
         merges = adoption.merge_proposals(
             self.ledger, best, self.profile.name, self.quorum, self.harness, self.trusted
         )
-        self.proposer.queue_for(self.head.source, merges)
+        self.proposer.queue_for(self.head.source, rebased + merges)
 
     def _speculate(self) -> Verified | None:
         """Research ahead of the evidence: from the adopted head, move to another peer's claim on
@@ -270,13 +274,11 @@ class Researcher:
             and (self.trusted is None or self.trusted(r["author"]))
         ]  # fmt: skip
         # Before any look, an author is taken at its word only for a gain of the size verified
-        # on the profile (the hold's scale): a claim of a huge gain would draw every node onto
-        # a stranger's code.
-        record = max(
-            (j.gain for j in judged.values() if j.state == "verified" and j.gain), default=0.0
-        )
-        favoured = [r for r in favoured
-                    if judged[r["id"]].seeds or self._favour(r, judged[r["id"]]) <= consensus.HOLD_FACTOR * record]  # fmt: skip
+        # on the profile (the hold's scale; before any, the size a keep margin lets through): a
+        # claim of a huge gain would draw every node onto a stranger's code.
+        scale = consensus.gain_scale(judged, self.profile.paired_noise)
+        favoured = [r for r in favoured if judged[r["id"]].seeds
+                    or self._favour(r, judged[r["id"]]) <= consensus.HOLD_FACTOR * scale]  # fmt: skip
         if favoured:  # standing costs a judgement of every claim: only when there is a choice
             skip = silenced(ledger_standing(self.ledger))
             favoured = [r for r in favoured if r["author"] not in skip]
@@ -390,31 +392,49 @@ class Researcher:
         self, claim: dict, contested_only: bool = False, drawn: bool = True
     ) -> int | None:
         """The seed of another peer's look at `claim` this node should replay: a contested one,
-        or (unless `contested_only`) one of a peer no replay corroborated yet, while the claim's
-        verdict rests on such peers' looks (`consensus.rests_on_unchecked`): the first of
-        `evidence.seeds_to_replay`, or (`drawn`) the first this node is drawn to replay
-        (`_replayer`), so that one peer replays each. None when there is none."""
+        or (unless `contested_only`) one of a peer no replay corroborated yet, on the side of
+        the claim's verdict while it rests on such peers' looks (`consensus.unchecked_side`:
+        their gains behind a win, their losses behind a refutation its author's numbers
+        contradict): the first of `evidence.seeds_to_replay`, or (`drawn`) the first this node is
+        drawn to replay (`_replayer`), so that one peer replays each. None when there is none."""
         looks = self.ledger.rows(
             f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
         )
         row = self._claim_row(claim["id"]) or claim
-        unchecked = not contested_only and consensus.rests_on_unchecked(
+        side = 0 if contested_only else consensus.unchecked_side(
             row, looks, self.ledger.rules(self.profile.name, self.quorum)
-        )
+        )  # fmt: skip
+        if side:
+            looks = [v for v in looks if v["delta"] is not None and (side > 0) == (v["delta"] < 0)]
         seeds = evidence.seeds_to_replay(
             looks, self.me.peer_id, claim["author"], self._device(),
-            self.profile.replay_tolerance, not unchecked,
+            self.profile.replay_tolerance, not side,
         )  # fmt: skip
         return next((seed for seed in seeds if not drawn or self._replayer(row, seed)), None)
 
+    def _recheck(self) -> Verified | None:
+        """A replay of a seed behind the refutation of a claim on the adopted head that its
+        author's signed numbers contradict (`consensus.unchecked_side`), when this node is drawn
+        for the seed: made-up losses are then contradicted, and the claim is judged again
+        without them, so that a committee member cannot bury an honest win unseen."""
+        _, judged, results = self.ledger.standings(
+            self.profile.name, self.quorum, self.harness, every=True
+        )
+        assert self.head is not None
+        refuted = [r for r in results if r["parent"] in (self.adopted, self.head.sha256)
+                   and r["author"] != self.me.peer_id
+                   and (j := judged.get(r["id"])) is not None and j.state == "refuted"
+                   and j.author_z is not None and j.author_z > evidence.OUTLIER_Z]  # fmt: skip
+        for claim in sorted(refuted, key=lambda r: r["id"]):
+            seed = self._replay_seed(claim)
+            if seed is not None:
+                return self._look(claim, "verify", seed)
+        return None
+
     def _kept_parent(self, child: str) -> str | None:
         """The parent of the first kept result that made `child` on the profile; None: none did."""
-        rows = self.ledger.rows(
-            "SELECT parent FROM results WHERE child = ? AND profile = ? AND outcome = 'keep' "
-            "ORDER BY time LIMIT 1",
-            (child, self.profile.name),
-        )
-        return rows[0]["parent"] if rows else None
+        made = self._made_by(child)
+        return made["parent"] if made else None
 
     def _builds_on(self, version: str, ancestor: str) -> bool:
         """Whether `version` descends from `ancestor` through kept results in the ledger."""
@@ -435,27 +455,46 @@ class Researcher:
         if better is None:
             return
         self.head = better
-        ancestor: str | None = mine.sha256  # where this worker's lineage left the new head's
+        merged_in = self._rebase(mine, better)
+        if merged_in is not None:
+            self.proposer.queue_for(better.source, [merged_in])
+
+    def _rebase(self, mine: Head, onto: Head) -> Proposal | None:
+        """This node's own changes in `mine` that `onto` lacks, as a three-way merge onto it: the
+        kept results this node made from where `mine` left the versions `onto` builds on (or
+        from the first step another peer made). None when there are none, or they conflict with
+        `onto`, or the merge fails the policy."""
+        base: str | None = mine.sha256
         seen: set[str] = set()
-        while ancestor is not None and not self._builds_on(better.sha256, ancestor):
-            if ancestor in seen:  # parent links may loop
-                return
-            seen.add(ancestor)
-            ancestor = self._kept_parent(ancestor)
-        base = self.ledger.version(ancestor) if ancestor not in (None, mine.sha256) else None
-        merged = merge(base.decode(), better.source, mine.source) if base is not None else None
-        if merged is None or merged == better.source:
-            return
+        while base is not None and not self._builds_on(onto.sha256, base):
+            if base in seen:  # parent links may loop
+                return None
+            seen.add(base)
+            made = self._made_by(base)
+            if made is None or made["author"] != self.me.peer_id:
+                break  # a peer's change: only this node's own go across
+            base = made["parent"]
+        source = self.ledger.version(base) if base not in (None, mine.sha256) else None
+        merged = merge(source.decode(), onto.source, mine.source) if source is not None else None
+        if merged is None or merged == onto.source:
+            return None
         try:
             check_source(merged)
         except PatchError:
-            return
+            return None
+        made = self._made_by(mine.sha256)
+        what = made["description"] if made else "this node's keep"
+        return Proposal(f"{adoption.MERGE_PREFIX}{mine.sha256[:12]}: {what}", merged)
+
+    def _made_by(self, child: str) -> dict | None:
+        """The first kept result that made `child` on the profile: its parent, author and
+        description; None: none did."""
         rows = self.ledger.rows(
-            "SELECT description FROM results WHERE child = ? LIMIT 1", (mine.sha256,)
+            "SELECT parent, author, description FROM results WHERE child = ? AND profile = ? "
+            "AND outcome = 'keep' ORDER BY time LIMIT 1",
+            (child, self.profile.name),
         )
-        what = rows[0]["description"] if rows else "this worker's keep"
-        merged_in = Proposal(f"{adoption.MERGE_PREFIX}{mine.sha256[:12]}: {what}", merged)
-        self.proposer.queue_for(better.source, [merged_in])
+        return rows[0] if rows else None
 
     def step(self) -> Step | Verified:
         """One experiment: the look at a newly adopted head's claim (its re-score), else the
@@ -489,6 +528,11 @@ class Researcher:
                 looked = self._look(claim, "verify")
                 if looked is not None:
                     return looked
+        if self.verify_every:  # a win on the head refuted by looks its author's numbers
+            # contradict, that nobody replayed
+            rechecked = self._recheck()
+            if rechecked is not None:
+                return rechecked
         if self.verify_every:  # then a step of the head's lineage resting on looks
             # nobody replayed; every AUDIT_EVERY-th step, an audit of any step
             audited = self._audit(replays_only=self.steps % AUDIT_EVERY != 0)

@@ -92,12 +92,14 @@ def _words(ideas: frozenset[int]) -> list[int]:
     return [int.from_bytes(digest[i : i + 4], "big") for i in range(0, 16, 4)]
 
 
-HEADER = "# surrogate train.py: one line per idea that is on\n"
+HEADER = "# surrogate train.py: one line per idea, 1 when it is on\n"
 
 
 def source(ideas: frozenset[int]) -> str:
-    """The canonical train.py text of a version: a line per idea it turns on, in order."""
-    return HEADER + "".join(f"IDEA_{k:04d} = 1\n" for k in sorted(ideas))
+    """The canonical train.py text of a version: a line per idea, in order, 1 when it is on and
+    0 when off. Every idea has its own line, as every constant of a real train.py has, so that
+    two changes of different ideas merge three-way as two changes of different lines do."""
+    return HEADER + "".join(f"IDEA_{k:04d} = {int(k in ideas)}\n" for k in range(IDEAS))
 
 
 BASELINE_SOURCE = source(frozenset())

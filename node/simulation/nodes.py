@@ -46,7 +46,6 @@ class SimProposer:
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
-        self.proposed: set[str] = set()  # sha256 of every child this proposer wrote
         self.tried: dict[str, set[int]] = {}  # parent -> ideas known tried on it
 
     def propose(self, context: Context) -> Proposal:
@@ -58,7 +57,6 @@ class SimProposer:
             known.add(k)
             text = land.source(ideas ^ {k})
             if diff_hash(normalise_diff(make_diff(context.train_py, text))) not in tried:
-                self.proposed.add(land.version(ideas ^ {k}))
                 return Proposal(f"idea {k} {'off' if k in ideas else 'on'}", text)
         raise ProposalRefused("every idea was tried on this parent")
 
@@ -115,6 +113,18 @@ class SimNode:
             quorum=s.quorum, verify_every=0 if s.rule == "trusting" else s.verify_every,
             check=None, publish=self._publish, run=self._run,
         )  # fmt: skip
+        # sha256 of every child this node's research proposed: its ideas, and the merges queued
+        # before them (a liar lies about all of them)
+        self.proposed: set[str] = set()
+        queued = self.researcher.proposer
+        propose = queued.propose
+
+        def proposing(context: Context) -> Proposal:
+            proposal = propose(context)
+            self.proposed.add(hashlib.sha256(proposal.source.encode()).hexdigest())
+            return proposal
+
+        queued.propose = proposing
         self.partners: list[SimNode] = []  # a colluder's
         self.framed: set[str] = set()
 
@@ -134,7 +144,7 @@ class SimNode:
         ideas = land.parse(text)
         bpb = self.sim.landscape.measure(ideas, seed, self.rng) + (FAST_OFFSET if self.fast else 0)
         version = hashlib.sha256(text.encode()).hexdigest()
-        if self.role == "liar" and version in self.proposer.proposed:
+        if self.role == "liar" and version in self.proposed:
             bpb -= LIE
         return RunResult(
             outcome="ok", val_bpb=bpb, steps=1000, tokens=land.PROFILE.budget_tokens,

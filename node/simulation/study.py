@@ -96,6 +96,10 @@ def figures(runs: dict[str, dict[int, dict]], seeds: Sequence[int]) -> dict:
     fast = [r["fast_share_of_lineage"] for r in swarm if r["fast_share_of_lineage"] is not None]
     if swarm[0]["settings"]["fast_hardware"] and fast:
         out["fast_share_of_lineage"] = _mean_interval(fast, rng)
+        out["fast_share_of_changes"] = _mean_interval(
+            [r["fast_share_of_changes"] for r in swarm if r["fast_share_of_changes"] is not None],
+            rng,
+        )
         out["fast_share_of_research_runs"] = statistics.fmean(
             r["fast_share_of_research_runs"] for r in swarm
         )

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from node import consensus, wire
+from node.agent.adoption import MERGE_PREFIX
 from node.simulation import landscape as land
 from node.simulation.network import FactStore, Transport, head_size
 from node.simulation.nodes import CAMPAIGN, HARNESS, SimNode
@@ -375,6 +376,21 @@ class Simulation:
             version = self.made_by[version]["parent"]
         return chain[::-1]
 
+    def origin(self, result: dict) -> dict:
+        """The kept result whose change `result` carries: itself, or for a merge ("merge of
+        VERSION: ...", a verified win of another parent's merged onto the head, or a node's own
+        keep rebased onto it) the result that made the merged version, followed back through
+        merges of merges."""
+        seen = set()
+        while result["description"].startswith(MERGE_PREFIX) and result["id"] not in seen:
+            seen.add(result["id"])
+            prefix = result["description"][len(MERGE_PREFIX) :].split(":", 1)[0]
+            made = next((r for v, r in self.made_by.items() if v.startswith(prefix)), None)
+            if made is None:
+                break
+            result = made
+        return result
+
     def head_shares(self) -> dict[str, float]:
         """Over the honest nodes' time from their first adoption to the end: the share spent on
         a head made by an adversary, and on one with an adversary's claim in its lineage."""
@@ -426,6 +442,12 @@ class Simulation:
             "fast_share_of_lineage": (
                 sum(self.fast_of[r["author"]] for r in steps) / len(steps) if steps else None
             ),  # fmt: skip
+            # the same, a merge counted for the author of the change it carries
+            "fast_share_of_changes": (
+                sum(self.fast_of[self.origin(r)["author"]] for r in steps) / len(steps)
+                if steps
+                else None
+            ),
             "fast_share_of_research_runs": self.research_runs_fast / research,
             "liar_head_share": shares["adversary_made"] if s.liars else 0.0,
             "fake_head_share": shares["adversary_in_lineage"],
