@@ -186,24 +186,13 @@ def unchecked_side(
     looks = list(looks)
     judged = judge_claim(claim, looks, rules, silenced)
     side = _side(judged.state)
-    if side < 0 and not (judged.author_z is not None and judged.author_z > evidence.OUTLIER_Z):
-        return 0
-    if not side:
+    contradicts = judged.author_z is not None and judged.author_z > evidence.OUTLIER_Z
+    if not side or (side < 0 and not contradicts):
         return 0
     reports = [v for v in looks if v["author"] != claim["author"]]
     agreed = evidence.cross_check(reports, rules.tolerance).agreed
     checked = [v for v in looks if v["author"] in agreed]
     return 0 if _side(judge_claim(claim, checked, rules, silenced).state) == side else side
-
-
-def rests_on_unchecked(
-    claim: Mapping[str, Any],
-    looks: Iterable[Mapping[str, Any]],
-    rules: Rules,
-    silenced: Collection[str] = (),
-) -> bool:
-    """Whether the claim's verdict rests on looks nobody replayed (`unchecked_side`)."""
-    return unchecked_side(claim, looks, rules, silenced) != 0
 
 
 def judge_claims(

@@ -245,7 +245,7 @@ def test_a_contradicted_peer_counts_on_no_claim():
 def test_a_replay_is_due_while_a_verdict_rests_on_looks_nobody_replayed():
     results = [result("r1", "a", BASELINE, V1)]
     made_up = [report("r1", "c", 10 + k, 1.50, 1.52) for k in range(3)]
-    assert consensus.rests_on_unchecked(results[0], made_up, RULES)
+    assert consensus.unchecked_side(results[0], made_up, RULES) == 1
     seeds = evidence.seeds_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance)
     assert sorted(seeds) == [10, 11, 12]
     firsts = {evidence.seeds_to_replay(made_up, f"h{k}", "a", "cpu", RULES.tolerance)[0]
@@ -257,7 +257,7 @@ def test_a_replay_is_due_while_a_verdict_rests_on_looks_nobody_replayed():
     assert evidence.seeds_to_replay(tie, "h2", "a", "cpu", RULES.tolerance, True) == [11]
     honest = [report("r1", "b", 10 + k, 1.50, 1.52) for k in range(3)]
     replayed = [*honest, report("r1", "h1", 10, 1.5001, 1.5201)]  # it reproduces: b ran them
-    assert not consensus.rests_on_unchecked(results[0], replayed, RULES)
+    assert consensus.unchecked_side(results[0], replayed, RULES) == 0
     assert evidence.seeds_to_replay(replayed, "h2", "a", "cpu", RULES.tolerance) == []
 
 
