@@ -614,20 +614,27 @@ ERIN = Identity(bytes(range(4, 36)))
 FRANK = Identity(bytes(range(5, 37)))
 
 
+def _claim(book, author, parent: str, child: str, gain: float, description: str = "next"):
+    """`author`'s kept claim of `child` on `parent`, signing a gain of `gain` on its one seed
+    (the child at 1.5 - gain), stored in `book` with both versions."""
+    for source in (parent, child):
+        book.add_version(source.encode())
+    body = wire.result_body(
+        parent=sha(parent), child=sha(child), diff=b"d", description=description,
+        profile="test", harness=harness_sha256(PROFILE), seed=1, outcome="keep",
+        metrics={"val_bpb": 1.5 - gain, "steps": 1, "tokens": 1}, pairs=[(1, 1.5 - gain, 1.5)],
+    )  # fmt: skip
+    fact = wire.sign(author, "result", CAMPAIGN, book.next_seq(author.public_key), body)
+    book.ingest(fact.raw)
+    return fact
+
+
 def _verified_claim(book, author, verifier, parent: str, child: str, gain: float = 0.05,
                     replayed_by: Identity | None = None, claimed: float = 0.05) -> wire.Fact:  # fmt: skip
     """`author`'s kept claim of `child` on `parent` (of a gain of `claimed`), with `verifier`'s
     looks enough to verify it, and `replayed_by`'s replays of the same seeds with the same
     scores, if given."""
-    for source in (parent, child):
-        book.add_version(source.encode())
-    body = wire.result_body(
-        parent=sha(parent), child=sha(child), diff=b"d", description="a win", profile="test",
-        harness=harness_sha256(PROFILE), seed=1, outcome="keep",
-        metrics={"val_bpb": 1.5 - claimed, "steps": 1, "tokens": 1}, pairs=[(1, 1.5 - claimed, 1.5)],
-    )  # fmt: skip
-    fact = wire.sign(author, "result", CAMPAIGN, book.next_seq(author.public_key), body)
-    book.ingest(fact.raw)
+    fact = _claim(book, author, parent, child, claimed, "a win")
     for who in (verifier, replayed_by) if replayed_by else (verifier,):
         for seed in range(consensus.HOLD_LOOKS):
             look = wire.verification_body(
@@ -664,15 +671,8 @@ def test_before_any_look_an_author_is_taken_at_its_word_only_for_a_gain_of_the_v
     node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=4)
     node.start()
     assert node.adopted == sha(NARROW)
-    for source, claimed, seq in ((BOTH, 1.0, 2), (NARROW_SOFTCAP, 1.45, 3)):  # 0.5, then 0.05
-        book.add_version(source.encode())
-        body = wire.result_body(
-            parent=sha(NARROW), child=sha(source), diff=b"d", description="next", profile="test",
-            harness=harness_sha256(PROFILE), seed=1, outcome="keep",
-            metrics={"val_bpb": claimed, "steps": 1, "tokens": 1}, pairs=[(1, claimed, 1.5)],
-        )  # fmt: skip
-        fact = wire.sign(alice, "result", CAMPAIGN, seq, body)
-        book.ingest(fact.raw)
+    for source, claimed in ((BOTH, 0.5), (NARROW_SOFTCAP, 0.05)):
+        fact = _claim(book, alice, NARROW, source, claimed)
         ahead = node._speculate()
         # ten times the largest verified gain: not at its word; the size of one: at its word,
         # the node's first run of it a look
@@ -733,15 +733,7 @@ def test_before_any_gain_is_verified_an_author_is_taken_at_its_word_for_a_gain_a
     assert node.adopted == sha(BASELINE)
     scale = consensus.HOLD_FACTOR * consensus.PRIOR_GAIN_SIGMAS * PROFILE.paired_noise
     for source, claimed in ((NARROW, 10 * scale), (SOFTCAP, scale / 2)):
-        book.add_version(source.encode())
-        body = wire.result_body(
-            parent=sha(BASELINE), child=sha(source), diff=b"d", description="next",
-            profile="test", harness=harness_sha256(PROFILE), seed=1, outcome="keep",
-            metrics={"val_bpb": 1.5 - claimed, "steps": 1, "tokens": 1},
-            pairs=[(1, 1.5 - claimed, 1.5)],
-        )  # fmt: skip
-        fact = wire.sign(alice, "result", CAMPAIGN, book.next_seq(alice.public_key), body)
-        book.ingest(fact.raw)
+        fact = _claim(book, alice, BASELINE, source, claimed)
         ahead = node._speculate()
         if source == NARROW:
             assert ahead is None and node.head.sha256 == sha(BASELINE)
