@@ -35,6 +35,7 @@ from node.trainer import BASELINE_TRAIN_PY, TokenData, get_profile, prepare_data
 DATASHEET_FLOPS = 989e12  # dense bf16 of an H100/H200 SXM, the rate MFU is usually quoted against
 
 REGION = "module.compile(dynamic=False)"
+SHAPE = '"gpu": (8, 512, 128, 128, 1)'  # the gpu recipe's (depth, width, head dim, sequences, micro-batches)
 REGIONS = "    for module in (*model.blocks, model.head):\n        " + REGION
 # Each variant is a list of (old, new) replacements applied to the baseline train.py.
 VARIANTS = {
@@ -42,6 +43,14 @@ VARIANTS = {
     "wide": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 768, 128, 128, 1)')],
     "b17": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 512, 128, 64, 1)')],  # 2^17 tokens a step
     "b19": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 512, 128, 256, 1)')],  # 2^19 tokens a step
+    # shapes (docs/trainer.md, "The model's shape"), (depth, width, head dim, sequences a step, 1):
+    # bench each at the budget that gives it the baseline's FLOPs, not at the baseline's tokens
+    "w768d4": [(SHAPE, '"gpu": (4, 768, 128, 128, 1)')],
+    "w768d6": [(SHAPE, '"gpu": (6, 768, 128, 128, 1)')],
+    "w896d5": [(SHAPE, '"gpu": (5, 896, 128, 128, 1)')],
+    "w1024d3": [(SHAPE, '"gpu": (3, 1024, 128, 128, 1)')],
+    "w1024d4": [(SHAPE, '"gpu": (4, 1024, 128, 128, 1)')],
+    "w1024d4b17": [(SHAPE, '"gpu": (4, 1024, 128, 64, 1)')],
     # how train.py compiles (docs/trainer.md, "Changes tried for MFU"): the whole model in one
     # graph, or by region with CUDA graphs, or by region with Inductor's autotuned Triton kernels
     "whole": [(REGIONS, "    model.compile(dynamic=False, fullgraph=True)")],
