@@ -1,24 +1,43 @@
 """Shared fixtures: identities and signed facts built the way a node builds them, the test data,
-and `swarm` commands run in processes of their own."""
+and `swarm` commands run in processes of their own. A test that cannot run here (no sandbox, no
+browser) is a failure in CI and a skip that says why elsewhere (`unavailable`)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from typing import NoReturn
 
 import pytest
 
 from node import consensus, wire
 from node.identity import Identity
+from node.trainer.sandbox import sandbox_available
 
 CAMPAIGN = "demo"
 HARNESS = "ab" * 32
 BASELINE = "00" * 32
 T0 = 1_790_000_000_000  # a fixed clock (ms), so that tests never depend on today's date
+IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")  # .ci/run sets CI=true
+
+
+def unavailable(why: str) -> NoReturn:
+    """End a test that cannot run on this machine: in CI a failure, since a green run must hold
+    every test; elsewhere a skip, listed with `why` (pytest's -rs, in the pyproject's addopts)."""
+    if IN_CI:
+        pytest.fail(f"in CI: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("sandbox") and not sandbox_available():
+        unavailable("bubblewrap cannot run here, and this test runs code in the sandbox "
+                    "(scripts/setup installs bubblewrap as root)")  # fmt: skip
 
 
 def make_result(

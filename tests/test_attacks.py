@@ -26,9 +26,9 @@ from node.trainer import BASELINE_TRAIN_PY, get_profile, harness_sha256, run_exp
 from node.trainer import runner as runner_module
 from node.trainer import sandbox as sandbox_module
 from node.trainer.policy import check_source
-from node.trainer.sandbox import SANDBOX_UID_BASE, processes_of, sandbox_available
+from node.trainer.sandbox import SANDBOX_UID_BASE, processes_of
 
-pytestmark = pytest.mark.skipif(not sandbox_available(), reason="bubblewrap is not installed")
+pytestmark = pytest.mark.sandbox
 
 ATTACK = dataclasses.replace(
     get_profile("test"), budget_tokens=2**15, startup_seconds=30, max_train_seconds=4, eval_seconds=30

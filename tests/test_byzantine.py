@@ -39,7 +39,6 @@ from node import wire
 from node.identity import Identity, load_identity
 from node.ledger import Ledger
 from node.trainer import BASELINE_TRAIN_PY, get_profile, harness_sha256
-from node.trainer.sandbox import sandbox_available
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = "byzantine-test"
@@ -300,7 +299,7 @@ def silenced_by(node: Node, peers: set[str]) -> bool:
     return bool(status) and peers <= set(status["silenced"])
 
 
-@pytest.mark.skipif(not sandbox_available(), reason="verifiers run peers' code only in a sandbox")
+@pytest.mark.sandbox  # verifiers run peers' code only in the sandbox
 def test_byzantine_peers_lose_standing_and_adopt_nothing_while_honest_wins_are_adopted(
     tmp_path: Path, processes: list, small_data
 ) -> None:
@@ -454,7 +453,7 @@ def worker_status(home: Path) -> dict:
         return {}
 
 
-@pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox")
+@pytest.mark.sandbox  # a node runs peers' code only in the sandbox
 def test_a_joined_node_refutes_fakes_skips_the_silenced_faker_and_adopts_the_honest_win(
     tmp_path: Path, processes: list, small_data, data_cache
 ) -> None:

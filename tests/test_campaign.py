@@ -21,7 +21,6 @@ from node.campaign import (
     parse_campaign,
     pinned_budget,
 )
-from node.trainer.sandbox import sandbox_available
 
 ROOT = Path(__file__).resolve().parents[1]
 WEAK = ROOT / "tests" / "campaigns" / "weak_train.py"
@@ -225,9 +224,7 @@ def test_a_campaign_file_that_pins_a_budget_of_no_tokens_is_refused_in_one_line(
     assert "campaign zero pins the budget '0' for test: expected a positive number of tokens" in lines[0]
 
 
-@pytest.mark.skipif(
-    not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)"
-)
+@pytest.mark.sandbox  # a node runs peers' code only in the sandbox
 def test_a_bootstrap_serves_its_campaign_file_and_a_newcomer_joins_it_by_hash(made, tmp_path):
     path, env, _ = made
     campaign = load_campaign(path)

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 from node.trainer import BASELINE_TRAIN_PY, get_profile, run_experiment
-from node.trainer.sandbox import sandbox_available
 
-pytestmark = pytest.mark.skipif(not sandbox_available(), reason="bubblewrap is not installed")
+pytestmark = pytest.mark.sandbox
 
 PROFILE = dataclasses.replace(get_profile("test"), max_train_seconds=20)
 BASELINE = BASELINE_TRAIN_PY.read_text()

@@ -16,7 +16,6 @@ import pytest
 from conftest import Process, wait_until
 
 from node.identity import Identity
-from node.trainer.sandbox import sandbox_available
 
 CAMPAIGN = "node-test"
 
@@ -42,7 +41,7 @@ def runs_of_the_node(home: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)")
+@pytest.mark.sandbox  # a node runs peers' code only in the sandbox
 def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, small_data, data_cache):
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
     boot_home, home = tmp_path / "bootstrap", tmp_path / "node"

@@ -17,7 +17,6 @@ from node.trainer.sandbox import (
     bwrap_command,
     clean_environment,
     limit_resources,
-    sandbox_available,
     sandbox_uid,
 )
 
@@ -116,10 +115,7 @@ def _accept_into(server: socket.socket, accepted: list) -> None:
         pass
 
 
-@pytest.mark.skipif(
-    not sandbox_available(),
-    reason="bubblewrap is not installed (scripts/setup installs it as root)",
-)
+@pytest.mark.sandbox
 def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(
     tmp_path, small_data, monkeypatch
 ):
@@ -168,10 +164,7 @@ def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(
     assert os.environ["OPENAI_API_KEY"] == "sk-secret"
 
 
-@pytest.mark.skipif(
-    not sandbox_available(),
-    reason="bubblewrap is not installed (scripts/setup installs it as root)",
-)
+@pytest.mark.sandbox
 def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, small_data):
     profile = get_profile("test")
     inside = run_experiment(
@@ -200,9 +193,9 @@ def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, sma
     assert result.error.startswith("refused by the harness: the model looks ahead")
 
 
+@pytest.mark.sandbox
 @pytest.mark.skipif(
-    not sandbox_available() or sandbox_uid() is None,
-    reason="needs bubblewrap and a root node, which runs its sandbox as a uid of its own",
+    sandbox_uid() is None, reason="needs a root node, which runs its sandbox as a uid of its own"
 )
 def test_the_sandbox_uid_reads_the_system_files_it_is_given():
     # Triton finds libcuda with `ldconfig -p`, which reads /etc/ld.so.cache: a GPU run dies

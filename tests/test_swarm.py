@@ -17,7 +17,6 @@ from node import consensus
 from node.agent.adoption import best_head, swarm_rows
 from node.ledger import Ledger, LedgerError
 from node.trainer import get_profile, harness_sha256
-from node.trainer.sandbox import sandbox_available
 
 WEAK = Path(__file__).parent / "campaigns" / "weak_train.py"
 PROGRAM = Path(__file__).parents[1] / "program.md"
@@ -35,7 +34,7 @@ def consensus_head(home: Path, baseline: str) -> str | None:
         return None
 
 
-@pytest.mark.skipif(not sandbox_available(), reason="a node runs peers' code only in a sandbox (bubblewrap)")
+@pytest.mark.sandbox  # a node runs peers' code only in the sandbox
 def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data, data_cache):
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
     campaign_file = tmp_path / "weak.campaign.json"
