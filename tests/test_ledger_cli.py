@@ -75,7 +75,7 @@ def test_keys_new_refuses_to_replace_a_key_without_force(tmp_path):
     assert refused.exit_code != 0 and "--force" in str(refused.exception)
     assert load_identity(tmp_path).peer_id == first
     forced = json.loads(swarm("keys", "new", "--home", str(tmp_path), "--force", "--json"))
-    assert forced["peer_id"] != first == first
+    assert forced["peer_id"] != first and load_identity(tmp_path).peer_id == forced["peer_id"]
 
 
 def test_summary_counts_what_the_ledger_holds(home):

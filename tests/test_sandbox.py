@@ -175,9 +175,11 @@ def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, smal
     )
     assert inside.outcome == outside.outcome == "ok"
     assert inside.sandboxed and not outside.sandboxed
-    assert (
-        abs(inside.val_bpb - outside.val_bpb) < 0.3
-    )  # same code and seed; only throughput differs
+    # Bit for bit: a CPU run is a function of its code, seed, budget and data (one thread sums in
+    # one order: test_determinism), and the sandbox changes where files are and who runs, never
+    # the arithmetic. Seeds 3 and 4 scored the same to the last bit inside and out (2026-12-03).
+    assert inside.val_bpb == outside.val_bpb
+    assert (inside.steps, inside.tokens) == (outside.steps, outside.tokens)
 
 
 def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, small_data):
