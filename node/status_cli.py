@@ -44,6 +44,7 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
         table.add_row("address", addr)
     table.add_row("campaign", str(status["campaign"]))
     table.add_row("connected", str(len(status["connected"])))
+    table.add_row("in the mesh", str(len(status.get("mesh", []))))
     table.add_row("known peers", str(status["known"]))
     table.add_row("banned", str(len(status["banned"])))
     table.add_row("silenced", str(len(status.get("silenced", []))))
@@ -51,8 +52,9 @@ def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     for key, value in status["counts"].items():
         table.add_row(key, str(value))
     console.print(table)
-    for peer in status["connected"]:
-        console.print(f"  {peer}")
+    mesh = set(status.get("mesh", []))
+    for peer in status["connected"]:  # the mesh: the peers a fact goes to first
+        console.print(f"  {peer}{'  (mesh)' if peer in mesh else ''}")
     if status.get("standing"):
         _print_standing(status["standing"])
     if status.get("drops") or status.get("bad_sources"):

@@ -6,7 +6,9 @@ in docs/gossip.md; loopback only, never aim it at a node that is not yours.
     python scripts/attack_gossip.py mss-prefix ADDR [--connections 8] [--mib 64]
     python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16] [--kind KIND]
     python scripts/attack_gossip.py invalid-flood ADDR [--campaign NAME] [--count 500]
+    python scripts/attack_gossip.py relayed ADDR --via RELAY [--campaign NAME] [--count 10]
     python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30] [--pause 0.2]
+    python scripts/attack_gossip.py sybil ADDR [--senders 40] [--hold 30] [--campaign NAME]
     python scripts/attack_gossip.py measure ATTACK [its options]   # a fresh node's RSS under it
 
 Each prints one line per stage (`started ...`, `done ...`) so that a caller can follow it.
@@ -119,10 +121,6 @@ def invalid_flood(addr: str, campaign: str, count: int) -> None:
     import trio
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.peerinfo import info_from_p2p_addr
-    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
-    from libp2p.pubsub.pb import rpc_pb2
-    from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
-    from libp2p.utils.varint import encode_uvarint
 
     from node.gossip.peer import topic_for
     from node.identity import Identity
@@ -133,27 +131,75 @@ def invalid_flood(addr: str, campaign: str, count: int) -> None:
 
     async def main() -> None:
         me = Identity.generate()
-        key = create_new_key_pair(me.seed)
-        async with _gossip_peer(key) as (host, pubsub):
+        async with _gossip_peer(create_new_key_pair(me.seed)) as (host, pubsub):
             _say("attacker", me.peer_id)
-            with trio.fail_after(20):
-                await host.connect(info)
-                await pubsub.subscribe(topic)
-                await trio.sleep(2)
-            messages = []
-            for n in range(count):
-                msg = rpc_pb2.Message(data=b"not a fact %d" % n, topicIDs=[topic],
-                                      from_id=pubsub.my_id.to_bytes(),
-                                      seqno=os.urandom(8))  # fmt: skip
-                signed = PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString()
-                msg.signature = key.private_key.sign(signed)
-                msg.key = key.public_key.serialize()
-                messages.append(msg)
-            frame = rpc_pb2.RPC(publish=messages).SerializeToString()
-            stream = await host.new_stream(info.peer_id, [PROTOCOL_ID_V11])
-            await stream.write(encode_uvarint(len(frame)) + frame)
-            await trio.sleep(3)
+            await _send_invalid(host, pubsub, info, topic, count)
             _say("done", count, "messages sent")
+
+    trio.run(main)
+
+
+async def _send_invalid(host, pubsub, info, topic: str, count: int) -> None:
+    """Connect to `info` and send it `count` messages in one frame, each properly signed by
+    libp2p but not a fact."""
+    import trio
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+    from libp2p.pubsub.pb import rpc_pb2
+    from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
+    from libp2p.utils.varint import encode_uvarint
+
+    key = host.get_private_key(), host.get_public_key()
+    with trio.fail_after(20):
+        await host.connect(info)
+        await pubsub.subscribe(topic)
+        await trio.sleep(2)
+    messages = []
+    for n in range(count):
+        msg = rpc_pb2.Message(data=b"not a fact %d" % n, topicIDs=[topic],
+                              from_id=pubsub.my_id.to_bytes(), seqno=os.urandom(8))  # fmt: skip
+        msg.signature = key[0].sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
+        msg.key = key[1].serialize()
+        messages.append(msg)
+    frame = rpc_pb2.RPC(publish=messages).SerializeToString()
+    stream = await host.new_stream(info.peer_id, [PROTOCOL_ID_V11])
+    await stream.write(encode_uvarint(len(frame)) + frame)
+    await trio.sleep(3)
+
+
+def relayed(addr: str, via: str, campaign: str, count: int) -> None:
+    """One fresh key gets itself banned by the node at `addr` (invalid messages), then publishes
+    `count` valid facts through the node at `via`, which relays them to the first: the library
+    drops a banned originator's message however it comes, and each must still count."""
+    import multiaddr
+    import trio
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    from node import wire
+    from node.gossip.peer import synthetic_result, topic_for
+    from node.identity import Identity
+
+    _tcp_target(addr)
+    _tcp_target(via)
+    target, relay = (info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in (addr, via))
+    topic = topic_for(campaign)
+
+    async def main() -> None:
+        me = Identity.generate()
+        async with _gossip_peer(create_new_key_pair(me.seed)) as (host, pubsub):
+            _say("attacker", me.peer_id)
+            await _send_invalid(host, pubsub, target, topic, 25)
+            _say("banned")
+            with trio.fail_after(20):
+                await host.connect(relay)
+                await pubsub.wait_for_peer(relay.peer_id, timeout=10)
+                await trio.sleep(3)  # the relay hears our subscription and takes us in its mesh
+            for n in range(count):
+                fact = wire.sign(me, "result", campaign, n + 1, synthetic_result(n)[0])
+                await pubsub.publish(topic, fact.raw)
+                _say("published", fact.id)
+            await trio.sleep(3)
+            _say("done", count, "facts published through the relay")
 
     trio.run(main)
 
@@ -228,6 +274,60 @@ def streams(addr: str, count: int, mib: int, kind: str) -> None:
                     await trio.sleep(1)
             nursery.cancel_scope.cancel()
         _say("done", opened[0], "streams opened,", sent[0] >> 20, "MiB sent")
+
+    trio.run(main)
+
+
+# ------------------------------------------------------------ many fresh identities at once
+
+
+def sybil(addr: str, senders: int, hold: float, campaign: str, stall: bool) -> None:
+    """`senders` fresh identities, each a real GossipSub peer, dial at once, join the campaign's
+    topic and stay `hold` seconds, saying nothing: what a stranger with free keys does to the
+    node's connections and to its honest peers' gossip."""
+    import multiaddr
+    import trio
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    from node.gossip.peer import topic_for
+    from node.identity import Identity
+
+    _tcp_target(addr)
+    info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+    topic = topic_for(campaign)
+    joined, refused = [0], [0]
+
+    async def one(ready: trio.Event) -> None:
+        me = Identity.generate()
+        async with _gossip_peer(create_new_key_pair(me.seed)) as (host, pubsub):
+            await ready.wait()
+            try:
+                with trio.fail_after(30):
+                    await host.connect(info)
+                    await pubsub.subscribe(topic)
+                joined[0] += 1
+            except Exception:  # refused or cut: what the node should do past its caps
+                refused[0] += 1
+            await trio.sleep_forever()
+
+    async def main() -> None:
+        ready = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for _ in range(senders):
+                nursery.start_soon(one, ready)
+            await trio.sleep(2)  # every host up before any dials
+            _say("started", senders)
+            ready.set()
+            await trio.sleep(5)
+            _say("joined", joined[0], "refused", refused[0])
+            if stall:  # stop reading every socket: the process hangs, its connections stay up
+                _say("stalled")
+                time.sleep(hold)
+            else:
+                await trio.sleep(hold)
+            nursery.cancel_scope.cancel()
+        _say("done", joined[0], "joined,", refused[0], "refused")
 
     trio.run(main)
 
@@ -318,40 +418,101 @@ def _status_kib(pid: int, field: str) -> int:
     raise SystemExit(f"no {field} for pid {pid}")
 
 
+class _Peer:
+    """A `swarm peer` process on loopback in a home of its own, for `measure`."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        import json
+        import subprocess
+
+        self.home, self.campaign = home, "attack"
+        home.mkdir()
+        self.log = open(home / "node.log", "wb")  # noqa: SIM115  (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "peer", "--campaign", self.campaign, "--listen",
+             LOOPBACK, "--home", str(home), *args], stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+        end = time.monotonic() + 60
+        while not (home / "gossip.json").exists() and time.monotonic() < end:
+            time.sleep(0.2)
+        self.status = lambda: json.loads((home / "gossip.json").read_text())
+        self.addr = self.status()["addrs"][0]
+
+    def publish(self, n: int) -> str:
+        from node.gossip.peer import synthetic_result
+        from node.identity import load_identity
+        from node.ledger import Ledger
+
+        body, source = synthetic_result(n)
+        with Ledger(self.home / "ledger.db", campaign=self.campaign) as ledger:
+            ledger.add_version(source)
+            return ledger.publish(load_identity(self.home), "result", body).id
+
+    def holds(self, ids: set[str]) -> bool:
+        import sqlite3
+
+        with sqlite3.connect(f"file:{self.home / 'ledger.db'}?mode=ro", uri=True) as conn:
+            rows = conn.execute("SELECT id FROM facts WHERE kind = 'result'").fetchall()
+        return ids <= {row[0] for row in rows}
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+
 def measure(attack_args: list[str]) -> None:
-    """Start a fresh `swarm peer` on loopback, run one attack on it from another process, and
-    print its RSS before, its peak (VmHWM) and after, in MiB, and whether it still serves."""
-    import json
+    """Start a fresh `swarm peer` on loopback and an honest peer of it, let a fact flow each way,
+    run one attack on the first from another process, and print the node's RSS before, its peak (VmHWM) and after, in
+    MiB, whether it still serves, and how long a fact took each way between the two while the
+    attack ran (one from each side every 2 s; a round that took over 60 s is cut there)."""
+    import statistics
     import subprocess
     import tempfile
 
-    root = Path(__file__).resolve().parents[1]
-    with tempfile.TemporaryDirectory() as home:
-        log = open(Path(home) / "node.log", "wb")  # noqa: SIM115  (closed below)
-        node = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "peer", "--campaign", "attack", "--listen",
-             LOOPBACK, "--home", home], stdout=log, stderr=subprocess.STDOUT, cwd=root,
-        )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        node = _Peer(Path(tmp) / "node")
+        honest = _Peer(Path(tmp) / "honest", "--bootstrap", node.addr)
         try:
-            status = Path(home) / "gossip.json"
+            first = {node.publish(0), honest.publish(0)}  # the two peers meet and gossip first
             end = time.monotonic() + 60
-            while not status.exists() and time.monotonic() < end:
-                time.sleep(0.2)
-            addr = json.loads(status.read_text())["addrs"][0]
+            while not (node.holds(first) and honest.holds(first)) and time.monotonic() < end:
+                time.sleep(0.1)
             time.sleep(2)  # settle: imports done, first heartbeats
-            before = _status_kib(node.pid, "VmRSS")
-            run = subprocess.run([sys.executable, __file__, attack_args[0], addr, *attack_args[1:]],
-                                 capture_output=True, text=True, timeout=600)  # fmt: skip
-            peak, after = _status_kib(node.pid, "VmHWM"), _status_kib(node.pid, "VmRSS")
-            counts = json.loads(status.read_text())["counts"]
-            _say(run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-300:])
+            before = _status_kib(node.proc.pid, "VmRSS")
+            out = open(Path(tmp) / "attack.out", "w+")  # noqa: SIM115  (closed below)
+            with open(Path(tmp) / "attack.log", "w") as log:  # its libraries' logging
+                attack = subprocess.Popen(
+                    [sys.executable, __file__, attack_args[0], node.addr, *attack_args[1:]],
+                    stdout=out, stderr=log, text=True,
+                )  # fmt: skip
+            waits, n = [], 0
+            while attack.poll() is None:
+                n += 1
+                began = time.monotonic()
+                ids = {node.publish(n), honest.publish(n)}
+                while not (node.holds(ids) and honest.holds(ids)) and time.monotonic() - began < 60:
+                    time.sleep(0.05)
+                waits.append(time.monotonic() - began)
+                time.sleep(max(0.0, 2 - waits[-1]))
+            attack.wait()
+            out.seek(0)
+            said = [line for line in out.read().splitlines() if line.startswith("done")]
+            out.close()
+            peak, after = _status_kib(node.proc.pid, "VmHWM"), _status_kib(node.proc.pid, "VmRSS")
+            status = node.status()
+            _say(said[-1] if said else "the attack said nothing")
             _say(f"{' '.join(attack_args)}: RSS before {before / 1024:.0f} MiB, peak "
                  f"{peak / 1024:.0f} MiB, after {after / 1024:.0f} MiB; node alive: "
-                 f"{node.poll() is None}; counts {counts}")  # fmt: skip
+                 f"{node.proc.poll() is None}; honest peer connected: "
+                 f"{honest.status()['peer_id'] in status['connected']}")  # fmt: skip
+            _say(f"a fact each way during the attack: median {statistics.median(waits):.2f} s, "
+                 f"at most {max(waits):.2f} s, {len(waits)} rounds; connected "
+                 f"{len(status['connected'])}; counts {status['counts']}")  # fmt: skip
         finally:
-            node.kill()
-            node.wait()
-            log.close()
+            node.stop()
+            honest.stop()
 
 
 if __name__ == "__main__":
@@ -360,9 +521,12 @@ if __name__ == "__main__":
         raise SystemExit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "attack", choices=["junk", "mss-prefix", "streams", "invalid-flood", "silent"]
+        "attack",
+        choices=["junk", "mss-prefix", "streams", "invalid-flood", "relayed", "silent", "sybil"],
     )
     parser.add_argument("addr")
+    parser.add_argument("--via", help="relayed: the address of the node that relays")
+    parser.add_argument("--stall", action="store_true", help="sybil: stop reading once joined")
     parser.add_argument("--senders", type=int, default=5)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--mib", type=int, default=64)
@@ -380,7 +544,13 @@ if __name__ == "__main__":
         mss_prefix(args.addr, args.connections, args.mib)
     elif args.attack == "silent":
         silent(args.addr, args.sockets, args.hold, args.pause)
+    elif args.attack == "sybil":
+        sybil(args.addr, args.senders, args.hold, args.campaign, args.stall)
     elif args.attack == "invalid-flood":
         invalid_flood(args.addr, args.campaign, args.count)
+    elif args.attack == "relayed":
+        if not args.via:
+            parser.error("relayed needs --via ADDR, the node that relays")
+        relayed(args.addr, args.via, args.campaign, args.count)
     elif args.attack == "streams":
         streams(args.addr, args.streams, args.mib, args.kind)

@@ -147,6 +147,33 @@ def test_every_message_after_a_ban_is_counted_against_its_sender(nodes, tmp_path
     wait_until(lambda: "after_ban" in _offences(a, attacker), "the drops recorded in the ledger")
 
 
+def test_a_banned_peers_messages_relayed_by_an_honest_peer_are_counted_against_it(
+    nodes, tmp_path
+) -> None:
+    a = nodes("a")
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)
+    lines = attack(tmp_path, "relayed", a.addr, "--via", b.addr, "--campaign", CAMPAIGN,
+                   "--count", "10")  # fmt: skip
+    attacker = _attacker(lines)
+    published = {line.split()[1] for line in lines if line.startswith("published ")}
+    assert len(published) == 10, lines
+    # The relay took the facts (valid, and it never banned their author) and passed them on...
+    wait_until(lambda: published <= b.results(), "the relay to take the attacker's facts")
+    assert attacker in a.status()["banned"]
+
+    def relayed() -> int:
+        drops = {d["peer"]: d["counts"] for d in a.status()["drops"]}
+        return drops.get(attacker, {}).get("relayed_after_ban", 0)
+
+    # ...and the node that banned their author dropped each copy, counted against the author.
+    wait_until(lambda: relayed() >= 10, "the relayed copies counted against the banned author")
+    status = a.status()
+    assert not published & a.results()
+    assert b.peer_id not in status["banned"]
+    assert b.peer_id not in {d["peer"] for d in status["drops"]}, status["drops"]
+
+
 def _offences(node: Node, peer: str) -> dict[str, int]:
     import sqlite3
 
@@ -214,4 +241,46 @@ def test_260_silent_sockets_hold_16_handshake_slots_and_peers_gossip_on(nodes, t
         flood.wait(timeout=10)
         log.close()
     c = nodes("c", "--bootstrap", a.addr)  # the printed address serves at once after it
+    _meet_and_gossip(a, c)
+
+
+def test_40_fresh_identities_at_once_neither_crowd_an_honest_peer_out_of_the_mesh_nor_stall_it(
+    nodes, tmp_path
+) -> None:
+    """The keys join, graft the node (its mesh overflows, and it prunes down to 6), then stop
+    reading. Before, the prune was drawn at random: about two times in three it cut the honest
+    peer off, whose facts then waited for the next anti-entropy sync (up to a minute, 60 s
+    measured). Now the mesh ranks peers by the valid facts they delivered."""
+    import time
+
+    a = nodes("a")
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)
+    log = open(tmp_path / "attack-sybil.log", "wb")  # noqa: SIM115  (closed below)
+    flood = subprocess.Popen(
+        [sys.executable, str(ATTACK), "sybil", a.addr, "--senders", "40", "--hold", "45",
+         "--stall", "--campaign", CAMPAIGN], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    )  # fmt: skip
+    waits, meshes = [], []
+    try:
+        wait_until(lambda: b"stalled" in (tmp_path / "attack-sybil.log").read_bytes(), "keys in")
+        for n in range(3, 13):  # a fact each way every 2 s while the keys sit
+            began = time.monotonic()
+            both = {a.publish(n), b.publish(n)}
+            wait_until(lambda both=both: both <= a.results() and both <= b.results(), "gossip",
+                       timeout=15, every=0.1)  # fmt: skip
+            waits.append(time.monotonic() - began)
+            meshes.append(a.status()["mesh"])
+            time.sleep(max(0.0, 2 - waits[-1]))
+        assert flood.poll() is None, "the keys left early"
+        status = a.status()
+    finally:
+        flood.kill()
+        flood.wait(timeout=10)
+        log.close()
+    print(f"delivery both ways under 40 fresh keys: {', '.join(f'{w:.2f}' for w in waits)} s")
+    assert len(status["connected"]) > 8, status["connected"]  # the keys did get in
+    assert all(b.peer_id in mesh for mesh in meshes), meshes
+    assert max(waits) < 10, waits
+    c = nodes("c", "--bootstrap", a.addr)  # once they are gone, a newcomer gets in
     _meet_and_gossip(a, c)

@@ -25,6 +25,18 @@ def test_penalty_points_lead_to_a_ban_that_is_reported() -> None:
     assert "bad" not in book.candidates(set())
 
 
+def test_the_mesh_ranks_a_peer_that_delivered_valid_facts_over_fresh_keys_and_a_banned_one_last():
+    book = PeerBook(Limits(ban_score=2.0))
+    for _ in range(3):
+        book.count_delivery("honest")
+    book.count_delivery("banned")
+    book.penalise("banned", 5.0)
+    assert book.mesh_score("honest") == 2.0  # log2(1 + 3)
+    assert book.mesh_score("fresh") == 0.0  # never heard of: no entry made for it either
+    assert "fresh" not in book.banned() and len(book) == 2
+    assert book.mesh_score("banned") < book.mesh_score("fresh") < book.mesh_score("honest")
+
+
 def test_failed_dials_back_off_and_a_success_resets_the_backoff() -> None:
     book = PeerBook(Limits())
     book.add("p", ["/ip4/127.0.0.1/tcp/1"])

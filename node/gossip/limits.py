@@ -6,6 +6,7 @@ points and bans. Every table here is bounded, so a hostile swarm cannot grow our
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class _Peer:
     synced_at: float = -1e9
     drops: dict[str, int] = field(default_factory=dict)  # messages dropped, by why
     bad_source: bool = False  # served bytes that failed their hash: never asked to fetch again
+    delivered: int = 0  # valid facts it delivered to us (gossip), new to our ledger or not
 
 
 class HandshakeGate:
@@ -232,6 +234,20 @@ class PeerBook:
     def is_bad_source(self, peer: str) -> bool:
         entry = self._peers.get(peer)
         return entry is not None and entry.bad_source
+
+    def count_delivery(self, peer: str) -> None:
+        self._get(peer).delivered += 1
+
+    def mesh_score(self, peer: str) -> float:
+        """What GossipSub's mesh ranks `peer` by: peers that deliver valid facts stay in the mesh
+        (and are grafted into it) ahead of silent ones, however many fresh keys a stranger brings;
+        a banned peer ranks last."""
+        entry = self._peers.get(peer)
+        if entry is None:
+            return 0.0
+        if entry.banned_until > time.monotonic():
+            return -100.0
+        return math.log2(1 + entry.delivered)
 
     def is_banned(self, peer: str) -> bool:
         entry = self._peers.get(peer)

@@ -33,6 +33,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.score import ScoreParams
 from libp2p.pubsub.validators import signature_validator
 from libp2p.tools.anyio_service import background_trio_service
 
@@ -179,7 +180,18 @@ class GuardedPubsub(Pubsub):
         # the peer that sent it (checked once per message: seen ones are skipped).
         if msg_forwarder != self.my_id and self.is_peer_blacklisted(msg_forwarder):
             if self.on_dropped is not None:  # the library drops it without a word: we count it
-                self.on_dropped(msg_forwarder)
+                self.on_dropped(msg_forwarder, "after_ban")
+            return
+        originator = _origin_id(msg)
+        if (
+            originator is not None
+            and originator != self.my_id
+            and self.is_peer_blacklisted(originator)
+        ):
+            # A banned peer's message relayed by another: the library drops it without a word
+            # too. Counted against its originator; the relay did nothing wrong.
+            if self.on_dropped is not None:
+                self.on_dropped(originator, "relayed_after_ban")
             return
         if (msg_forwarder != self.my_id and not self._is_msg_seen(msg)
                 and not _signed(msg)):  # fmt: skip
@@ -205,11 +217,16 @@ def synthetic_result(seq: int) -> tuple[dict, bytes]:
     return body, source
 
 
-def _origin(msg: Any) -> str:
+def _origin_id(msg: Any) -> ID | None:
     try:
-        return ID(msg.from_id).to_base58()
+        return ID(msg.from_id)
     except Exception:
-        return "?"
+        return None
+
+
+def _origin(msg: Any) -> str:
+    origin = _origin_id(msg)
+    return "?" if origin is None else origin.to_base58()
 
 
 def author_of(raw: Any) -> str | None:
@@ -365,12 +382,15 @@ class GossipNode:
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
             heartbeat_interval=1, adaptive_gossip_enabled=False, spam_protection_enabled=False,
             max_messages_per_topic_per_second=10_000.0,  # we rate-limit per peer ourselves
+            # The mesh keeps the peers that deliver valid facts: fresh keys that only connect
+            # cannot prune an honest peer out of it (before, 40 of them cut one off for a minute).
+            score_params=ScoreParams(p6_appl_slack_weight=1.0, app_specific_score_fn=self._mesh_score),
         )  # fmt: skip
         pubsub = GuardedPubsub(host, router, strict_signing=True, cache_size=1024,
                                max_inbound_rpc_size=self.limits.max_rpc_bytes)  # fmt: skip
         pubsub.on_junk = self._on_junk
         pubsub.on_invalid = self._on_bad_signature
-        pubsub.on_dropped = lambda peer_id: self.drop(peer_id.to_base58(), "after_ban")
+        pubsub.on_dropped = lambda peer_id, why: self.drop(peer_id.to_base58(), why)
         self.host, self.pubsub = host, pubsub
         try:
             await self._serve(host, router, pubsub)
@@ -405,6 +425,9 @@ class GossipNode:
 
     # -------------------------------------------------------- accepting facts
 
+    def _mesh_score(self, peer: ID) -> float:
+        return self.book.mesh_score(peer.to_base58())
+
     def _validate(self, forwarder: ID, msg: Any) -> bool:
         """GossipSub's validator: only a fact the ledger accepts is delivered or forwarded."""
         peer = forwarder.to_base58()
@@ -435,6 +458,7 @@ class GossipNode:
             self.reject(result, peer)
             return False
         self.counts["accepted"] += 1
+        self.book.count_delivery(peer)
         self._want_content(result, peer)
         return True
 
@@ -778,10 +802,12 @@ class GossipNode:
             sorted(p.to_base58() for p in self.host.get_connected_peers()) if self.host else []
         )
         facts = self.ledger.rows("SELECT COUNT(*) AS n FROM facts")[0]["n"]
+        mesh = self.pubsub.router.mesh.get(self.topic, ()) if self.pubsub else ()
         return {
             "peer_id": self.peer_id, "addrs": self.addrs, "campaign": self.config.campaign,
             "topic": self.topic, "pid": os.getpid(), "time": time.time(),
-            "connected": connected, "known": len(self.book), "banned": self.book.banned(),
+            "connected": connected, "mesh": sorted(p.to_base58() for p in mesh),
+            "known": len(self.book), "banned": self.book.banned(),
             "silenced": sorted(self.silenced), "standing": self._standing_shown(),
             "facts": facts, "first_peer_s": self.first_peer_s, "first_peer_at": self.first_peer_at, "counts": dict(self.counts),
             "drops": [{"peer": p, "counts": d} for p, d in self.book.drops()],
