@@ -533,14 +533,6 @@ class Ledger(LedgerQueries):
 
     # ------------------------------------------------------------ reading
 
-    def facts_raw(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, bytes]]:
-        """(id, raw signed bytes) of stored facts, oldest first: what sync and export send."""
-        sql = "SELECT id, raw FROM facts"
-        kinds = list(kinds or [])
-        if kinds:
-            sql += f" WHERE kind IN ({', '.join('?' * len(kinds))})"
-        yield from self.conn.execute(sql + " ORDER BY time, id", kinds)
-
     def head_body(self) -> dict:
         """This node's `head`: what it holds, for peers that want to know what they lack.
 

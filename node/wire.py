@@ -138,11 +138,6 @@ def content_ref(data: bytes) -> tuple[str, int]:
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def content_matches(data: bytes, sha256: str, size: int) -> bool:
-    """True when fetched bytes are exactly the blob a fact promised; check before using them."""
-    return len(data) == size and hashlib.sha256(data).hexdigest() == sha256
-
-
 # ---------------------------------------------------------------- schemas
 # A check returns None when the value is fine, else (reason, detail).
 

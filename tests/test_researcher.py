@@ -168,7 +168,7 @@ def test_a_restarted_node_resumes_its_own_kept_chain(book, alice, tmp_path):
 
 def gossip(source: Ledger, *targets: Ledger, versions: bool = True) -> None:
     """What the network layer does between nodes: every fact, and the versions they name."""
-    raws = [raw for _, raw in source.facts_raw()]
+    raws = [r["raw"] for r in source.rows("SELECT raw FROM facts ORDER BY time, id")]
     versions = [r["source"] for r in source.rows("SELECT source FROM versions")] if versions else []
     for target in targets:
         target.ingest_many(raws)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import random
 from pathlib import Path
@@ -307,12 +308,10 @@ def test_a_campaign_must_be_signed_by_its_organiser(alice, bob):
     assert wire.sign(bob, "campaign", CAMPAIGN, 1, body, T0).body["quorum"] == 2
 
 
-def test_a_diff_is_checked_against_its_hash_and_size(alice):
+def test_a_result_names_its_diff_by_hash_and_size(alice):
     diff = b"--- a/train.py\n+++ b/train.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
     sha256, size = wire.content_ref(diff)
-    assert wire.content_matches(diff, sha256, size)
-    assert not wire.content_matches(diff + b" ", sha256, size)
-    assert not wire.content_matches(diff, sha256, size + 1)
+    assert (sha256, size) == (hashlib.sha256(diff).hexdigest(), len(diff))
     body = wire.result_body(
         parent="00" * 32, child="11" * 32, diff=diff, description="x", profile="cpu",
         harness=HARNESS, seed=1, outcome="crash", metrics={"val_bpb": None},

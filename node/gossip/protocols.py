@@ -32,7 +32,7 @@ CHUNK = 1 << 20  # bytes per fetch response
 _SYNC_BATCH = 256  # facts per sync frame
 _MAX_PX = 32  # peers per peer-exchange answer
 _MAX_REQUESTS = 64  # fetch requests on one stream
-_FETCH_KINDS = ("version", "fact")
+_FETCH_KINDS = ("version",)
 
 
 def install(node: GossipNode, host: Any) -> None:
@@ -229,14 +229,11 @@ async def _serve_peers(node: GossipNode, stream: Any, peer: str) -> None:
 
 
 def _lookup(node: GossipNode, kind: str, sha256: str) -> bytes | None:
-    if kind == "version":
-        return node.ledger.version(sha256)
-    rows = node.ledger.rows("SELECT raw FROM facts WHERE id = ?", (sha256,))
-    return rows[0]["raw"] if rows else None
+    return node.ledger.version(sha256) if kind == "version" else None
 
 
 async def fetch(node: GossipNode, peer: str, kind: str, sha256: str) -> bytes | None:
-    """The bytes whose sha256 is `sha256` (a train.py version or a fact), from `peer`, or None.
+    """The bytes whose sha256 is `sha256` (a train.py version), from `peer`, or None.
 
     Fetched in chunks of 1 MiB and checked against the hash before anyone sees them."""
     if kind not in _FETCH_KINDS:
