@@ -13,6 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from node import wire
 from node.errors import SwarmError
@@ -138,6 +139,38 @@ def make_campaign(fact: wire.Fact, program: str, baseline: str) -> Campaign:
     campaign = Campaign(fact, program, baseline)
     _check(campaign)
     return campaign
+
+
+def invite(ledger: Any, me: Identity, campaign: Campaign, peer: str) -> wire.Fact:
+    """Sign, as the organiser `me`, an invitation of `peer` into `campaign` (a campaign with
+    members), store it in `ledger` (the organiser's, of that campaign) and return it: the node
+    gossips it, and from its time the peer is a member on every node (`Rules.members_for`)."""
+    if campaign.members is None:
+        raise CampaignError(
+            f"campaign {campaign.name} is open: any key counts already, so there is nobody to invite"
+        )
+    if me.peer_id != campaign.organiser:
+        raise CampaignError(
+            f"only campaign {campaign.name}'s organiser ({campaign.organiser}) invites; this "
+            f"home's key is {me.peer_id}: run it in the organiser's home (--home)"
+        )
+    try:
+        key = public_key_from_peer_id(peer)
+    except IdentityError:
+        raise CampaignError(
+            f"{peer!r} is not a peer id: ask the member for the id `swarm keys show` prints"
+        ) from None
+    if peer in campaign.members:
+        raise CampaignError(f"{peer} is a member already: the campaign file lists it")
+    terms = ledger.terms()
+    if terms is None:  # a home that made the campaign but never joined it: judge by its file
+        ledger.set_terms(campaign.terms)
+    elif terms.get("fact") != campaign.fact.id:
+        raise CampaignError(
+            f"this home's ledger follows another campaign file for {campaign.name}: run it in the "
+            "home that joined this one"
+        )
+    return ledger.publish(me, "invitation", {"member": key})
 
 
 def campaign_body(

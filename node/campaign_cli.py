@@ -1,4 +1,4 @@
-"""`swarm campaign new|show`, and how `swarm join` finds its campaign: a campaign file, a name
+"""`swarm campaign new|invite|show`, and how `swarm join` finds its campaign: a campaign file, a name
 on the built-in baseline, or the hash of a file that a bootstrap serves (fetched once, then kept
 in HOME/campaigns/)."""
 
@@ -86,7 +86,8 @@ def campaign_new(
 
     Builds (or finds) each profile's data to pin its hashes, and pins each profile's training budget (tokens), so that
     every member measures the same thing. Members join with `swarm join --campaign FILE`. With --members, the campaign
-    resists Sybils: keys not on the list never verify. An open campaign cannot tell one person's many keys apart.
+    resists Sybils: keys not on the list never verify (`swarm campaign invite` adds one later). An open campaign cannot
+    tell one person's many keys apart.
 
     Example: swarm campaign new hack-nov --program program.md --profile cpu --quorum 2 --members team.txt
     """
@@ -138,12 +139,58 @@ def campaign_new(
     console.print(f"members join with: swarm join --campaign {target} --bootstrap ADDR")
 
 
+def _invited(campaign, home: Path | None) -> list[str]:
+    """The peers the organiser invited into `campaign`, in this home's ledger (none if it has none)."""
+    from node.home import resolve_home
+    from node.ledger import Ledger, ledger_path
+
+    path = ledger_path(resolve_home(home, create=False))
+    if not path.is_file():
+        return []
+    with Ledger(path, readonly=True) as ledger:
+        if ledger.schema_version < 5:
+            return []
+        rows = ledger.rows("SELECT DISTINCT member FROM invitations WHERE campaign = ? AND organiser = ? ORDER BY member",
+                           (campaign.name, campaign.organiser))
+    return [r["member"] for r in rows]
+
+
+@campaign_app.command("invite")
+def campaign_invite(
+    file: Annotated[Path, typer.Argument(help="The campaign file (one with members).")],
+    peers: Annotated[list[str], typer.Argument(help="The peer ids to invite, as `swarm keys show` prints them.")],
+    home: HomeOption = None,
+) -> None:
+    """Make peers members of a campaign after its file was made: an invitation signed by the organiser's key.
+
+    The invitation goes into this home's ledger, and its node gossips it (at once if it runs, else when it next starts);
+    every node counts the peer as a member for claims made from then on, with the same file. Run it in the organiser's
+    home. An open campaign needs no invitations.
+
+    Example: swarm campaign invite hack-nov.campaign.json 12D3KooW...
+    """
+    from node.campaign import invite, load_campaign
+    from node.home import resolve_home
+    from node.identity import load_identity
+    from node.ledger import Ledger, ledger_path
+
+    campaign = load_campaign(file)
+    home_dir = resolve_home(home, create=False)
+    me = load_identity(home_dir, create=False)
+    with Ledger(ledger_path(home_dir), campaign=campaign.name) as ledger:
+        for peer in peers:
+            fact = invite(ledger, me, campaign, peer)
+            console.print(f"invited {peer} into {campaign.name} (invitation {fact.id[:16]})")
+
+
 @campaign_app.command("show")
 def campaign_show(
     file: Annotated[Path, typer.Argument(help="A campaign file.")],
     as_json: JsonOption = False,
+    home: HomeOption = None,
 ) -> None:
-    """Check a campaign file's signature and hashes, and show what it pins.
+    """Check a campaign file's signature and hashes, and show what it pins, with the members the organiser invited since
+    as far as this home's ledger knows.
 
     Example: swarm campaign show hack-nov.campaign.json
     """
@@ -154,6 +201,7 @@ def campaign_show(
             "profiles": campaign.profiles, "baseline": campaign.baseline_sha256,
             "program_sha256": campaign.fact.body["program_sha256"], "data": campaign.fact.body["data"],
             "members": campaign.members if campaign.members is not None else "open: any key counts",
+            **({} if campaign.members is None else {"invited": _invited(campaign, home)}),
             "sha256": campaign.sha256}
     if as_json:
         print(json.dumps(info))

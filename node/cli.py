@@ -339,7 +339,7 @@ def _peer_ids(values: list[str]) -> list[str]:
 app.command("status")(status_cmd)
 
 
-app.add_typer(campaign_app, name="campaign")  # `swarm campaign new|show`: node/campaign_cli.py
+app.add_typer(campaign_app, name="campaign")  # `swarm campaign new|invite|show`: node/campaign_cli.py
 
 
 @app.command("local")

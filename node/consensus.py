@@ -61,8 +61,10 @@ class Rules:
     quorum: int = 1  # peers other than the author the test must pass without, plus one
     sigma: float = 0.002  # the profile's paired noise: the test's floor on the noise
     tolerance: float = 0.002  # how far a replay of the author's seed may land from its score
-    members: frozenset[str] | None = None  # the campaign's members; None: an open campaign
+    members: frozenset[str] | None = None  # the campaign file's members; None: an open campaign
     committee: int = 0  # verifiers drawn per claim from the members; 0: 2 * quorum + 1, >= 3
+    # Members the organiser invited after the file was made: (peer id, time of the invitation).
+    invited: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.quorum < 1:
@@ -73,6 +75,14 @@ class Rules:
         """The rules for a trainer `Profile` (its paired noise and replay tolerance)."""
         return cls(quorum, profile.paired_noise, profile.replay_tolerance,
                    None if members is None else frozenset(members))  # fmt: skip
+
+    def members_for(self, claim: Mapping[str, Any]) -> frozenset[str] | None:
+        """The members a claim is judged by: the file's, and those invited before the claim was
+        made (its signed time), so that an invitation never redraws the committee of a claim
+        already made. None: an open campaign."""
+        if self.members is None or not self.invited:
+            return self.members
+        return self.members | {peer for peer, since in self.invited if since <= claim["time"]}
 
     @property
     def committee_size(self) -> int:
@@ -141,14 +151,14 @@ def judge_claim(
     behind it (a gain too small to tell from noise, if any: a change of no gain is refuted only
     after some 30 seeds, so verifiers stop before). What depends on other claims (the hold) is
     `settle`'s: a ledger can keep this per claim and update it at every look."""
-    panel = None
-    if rules.members is not None:
-        panel = set(committee(claim["id"], claim["author"], rules.members, rules.committee_size))
+    panel, members = None, rules.members_for(claim)
+    if members is not None:
+        panel = set(committee(claim["id"], claim["author"], members, rules.committee_size))
     reports = [
         v for v in looks
         if v["author"] != claim["author"]
         and v["harness"] == claim["harness"] and v["profile"] == claim["profile"]
-        and (rules.members is None or v["author"] in rules.members)
+        and (members is None or v["author"] in members)
     ]  # fmt: skip
     counted = [v for v in reports if v["author"] not in silenced
                and (panel is None or v["author"] in panel)]  # fmt: skip

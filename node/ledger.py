@@ -131,12 +131,21 @@ def _schema_4(db: sqlite_utils.Database) -> None:
     )
 
 
+def _schema_5(db: sqlite_utils.Database) -> None:
+    """Release 5: members the organiser invited after the campaign file was made, each from the
+    time of its invitation (`Rules.members_for`)."""
+    db["invitations"].create(
+        {"id": str, "campaign": str, "organiser": str, "member": str, "time": int}, pk="id"
+    )
+
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_1,
     _schema_2,
     _schema_3,
     _schema_4,
+    _schema_5,
 ]
 
 
@@ -305,6 +314,12 @@ class Ledger(LedgerQueries):
             return wire.Rejection(
                 wire.Reason.impostor, f"a campaign fact by {author}; its organiser is {organiser}"
             )
+        if fact.kind == "invitation" and (organiser := self._organiser(conn)) not in (None, author):
+            # A node that knows no organiser (a bootstrap) keeps and relays it; the rules count
+            # only the organiser's (`rules`).
+            return wire.Rejection(
+                wire.Reason.impostor, f"an invitation by {author}; its organiser is {organiser}"
+            )
         self._seen(conn, fact, author, now)
         conn.execute(
             "INSERT INTO facts (id, kind, campaign, author, seq, time, received, raw) "
@@ -343,6 +358,17 @@ class Ledger(LedgerQueries):
                  body["program_sha256"], body["baseline"], json.dumps(body["profiles"]),
                  body["quorum"], json.dumps(body["data"], sort_keys=True), fact.time),
             )  # fmt: skip
+        elif fact.kind == "invitation":
+            conn.execute(
+                "INSERT INTO invitations VALUES (?, ?, ?, ?, ?)",
+                (fact.id, fact.campaign, author, peer_id_from_public_key(body["member"]), fact.time),
+            )
+            # Claims made since the invitation are drawn from the members with the invitee.
+            made = conn.execute(
+                "SELECT id FROM results WHERE outcome = 'keep' AND time >= ?", (fact.time,)
+            ).fetchall()
+            if made:
+                self._judge_claims(conn, [row[0] for row in made])
         return fact
 
     def _seen(self, conn: sqlite3.Connection, fact: wire.Fact, author: str, now: int) -> None:

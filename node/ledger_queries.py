@@ -11,6 +11,7 @@ import hashlib
 import json
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +169,17 @@ class LedgerQueries:
         quorum = quorum or self.quorum()
         known = PROFILES.get(profile)
         if known is None:  # a profile this version does not know: judged on the defaults
-            return consensus.Rules(quorum, members=None if members is None else frozenset(members))
-        return consensus.Rules.of(known, quorum, members)
+            rules = consensus.Rules(quorum, members=None if members is None else frozenset(members))
+        else:
+            rules = consensus.Rules.of(known, quorum, members)
+        if members is None or self.schema_version < 5:
+            return rules
+        invited = self.rows(
+            "SELECT member, MIN(time) AS since FROM invitations WHERE campaign = ? AND organiser = ? "
+            "GROUP BY member ORDER BY member",
+            (terms["name"], terms["organiser"]),
+        )  # fmt: skip
+        return replace(rules, invited=tuple((r["member"], r["since"]) for r in invited))
 
     def claim_rows(self, profile: str) -> tuple[list[dict], list[dict]]:
         """(kept results, verifications) of `profile`: every row the rule reads."""

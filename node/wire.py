@@ -30,7 +30,9 @@ from node.identity import (
 VERSION = 1
 # One hard limit per kind, on the whole signed envelope. Gossip stays small (a few KB); the diff
 # and train.py travel by hash and are fetched separately.
-MAX_SIZE = {"result": 4096, "verification": 2048, "campaign": 16384, "head": 262144}
+MAX_SIZE = {
+    "result": 4096, "verification": 2048, "campaign": 16384, "invitation": 1024, "head": 262144,
+}  # fmt: skip
 MAX_ANY_SIZE = max(MAX_SIZE.values())
 MAX_CLOCK_SKEW_MS = 5 * 60 * 1000  # a fact may be stamped this far ahead of our clock
 MAX_DIFF_SIZE = 1 << 20  # a unified diff of train.py; larger changes are not one experiment
@@ -83,7 +85,7 @@ class Reason(str, Enum):
     seq_backwards = "seq_backwards"
     future_time = "future_time"
     malformed = "malformed"
-    impostor = "impostor"  # a campaign fact signed by another key than the campaign's organiser
+    impostor = "impostor"  # a campaign fact or invitation signed by another key than the organiser's
     weak_key = "weak_key"  # a key of small order or not canonically encoded: it proves nothing
 
 
@@ -319,6 +321,9 @@ BODIES: dict[str, Check] = {
         },
         optional=("members",),
     ),
+    # A member the organiser adds to a campaign with members, after its file was made: the
+    # ledger keeps it only when the campaign's organiser signed it (`Ledger`, `Rules.members_for`).
+    "invitation": _record({"member": _key32}),
     # What a node holds, so that a late joiner can ask for what it lacks (anti-entropy).
     "head": _record(
         {
@@ -330,7 +335,7 @@ BODIES: dict[str, Check] = {
     ),
 }
 
-KINDS = tuple(BODIES)  # result, verification, campaign, head
+KINDS = tuple(BODIES)  # result, verification, campaign, invitation, head
 
 _ENVELOPE = {
     "author": _key32,

@@ -335,3 +335,85 @@ def test_a_campaign_with_members_lists_them_signed_and_a_node_judges_by_its_comm
                     wire.sign(who, "verification", "team", seed + 1, {**body, "seed": 2 * k + seed}).raw
                 )
         assert book.rows("SELECT state, seeds FROM claims") == [{"state": "verified", "seeds": 4}]
+
+
+def test_the_organiser_invites_a_member_later_and_only_claims_made_since_count_its_looks(
+    made, tmp_path, alice, bob, carol
+):
+    """`swarm campaign invite FILE PEER`: an invitation the organiser signs, gossiped as a fact;
+    a node counts the invitee a member for claims made from the invitation's time on (a claim
+    made before keeps its committee), judges those again when the invitation comes late, and
+    refuses an invitation anyone else signed. Wrong uses are one-line errors."""
+    import sqlite3
+
+    from node.identity import load_identity
+    from node.ledger import Ledger
+
+    open_file, env, _ = made
+    team = tmp_path / "team.txt"
+    team.write_text(f"{alice.peer_id}\n{bob.peer_id}\n")
+    out, home = tmp_path / "team.json", tmp_path / "organiser"
+    done = run_swarm("campaign", "new", "team", "--program", str(ROOT / "program.md"), "--profile",
+                     "test", "--quorum", "1", "--baseline", str(WEAK), "--home", str(home), "--out",
+                     str(out), "--members", str(team), env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    campaign, organiser = load_campaign(out), load_identity(home)
+    invited = run_swarm("campaign", "invite", str(out), carol.peer_id, "--home", str(home), env=env)
+    assert invited.returncode == 0, invited.stderr
+    assert f"invited {carol.peer_id} into team" in invited.stdout
+    with sqlite3.connect(home / "ledger.db") as conn:
+        raw, since = conn.execute("SELECT raw, time FROM facts WHERE kind = 'invitation'").fetchone()
+    shown = run_swarm("campaign", "show", str(out), "--json", "--home", str(home), env=env)
+    assert json.loads(shown.stdout)["invited"] == [carol.peer_id], shown.stderr
+
+    for args, said in (
+        ((str(out), bob.peer_id), "is a member already"),
+        ((str(out), "12D3KooWnotapeerid"), "is not a peer id"),
+        ((str(open_file), carol.peer_id), "is open"),
+    ):
+        bad = run_swarm("campaign", "invite", *args, "--home", str(home), env=env)
+        assert bad.returncode != 0 and said in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    (tmp_path / "other").mkdir()
+    load_identity(tmp_path / "other")
+    stranger = run_swarm("campaign", "invite", str(out), carol.peer_id, "--home",
+                         str(tmp_path / "other"), env=env)  # fmt: skip
+    assert stranger.returncode != 0 and "only campaign team's organiser" in stranger.stderr
+
+    with Ledger(tmp_path / "node.db", campaign="team") as book:  # a member's node
+        book.set_terms(campaign.terms)
+
+        def claim(seq: int, at: int) -> wire.Fact:
+            body = make_result(alice, seq, campaign.baseline_sha256, f"{seq:02d}" * 32, 1.4,
+                               profile="test").body  # fmt: skip
+            fact = wire.sign(alice, "result", "team", seq, body, at)
+            assert book.ingest(fact.raw, now_ms=since) == fact
+            return fact
+
+        before, after = claim(1, since - 1000), claim(2, since + 1000)
+        look = {"child_val_bpb": 1.0, "parent_val_bpb": 1.5, "profile": "test",
+                "harness": before.body["harness"], "verdict": "confirm"}  # fmt: skip
+        seq = 0
+        for result in (before, after):  # carol looks at both before her invitation arrives
+            for seed in range(4):
+                seq += 1
+                body = wire.verification_body(result=result.id, seed=seed, **look)
+                book.ingest(wire.sign(carol, "verification", "team", seq, body, since).raw, now_ms=since)
+        states = "SELECT id, state, seeds FROM claims ORDER BY id"
+        assert {r["state"] for r in book.rows(states)} == {"open"}  # carol is nobody yet
+
+        forged = wire.sign(bob, "invitation", "team", 1, {"member": carol.public_key}, since)
+        refused = book.ingest(forged.raw, now_ms=since)
+        assert isinstance(refused, wire.Rejection) and refused.reason is wire.Reason.impostor
+        assert book.rules("test").invited == ()
+        with Ledger(tmp_path / "bootstrap.db", campaign="team") as relay:  # knows no organiser
+            assert relay.ingest(forged.raw, now_ms=since) == forged  # kept and relayed, counts nowhere
+
+        assert book.ingest(raw, now_ms=since).id == wire.decode(raw).id  # the organiser's
+        rules = book.rules("test")
+        assert rules.invited == ((carol.peer_id, since),)
+        assert rules.members_for(before.body | {"time": before.time}) == frozenset(campaign.members)
+        assert carol.peer_id in rules.members_for(after.body | {"time": after.time})
+        judged = {r["id"]: (r["state"], r["seeds"]) for r in book.rows(states)}
+        assert judged[before.id] == ("open", 0)  # made before she was invited: not her claim
+        assert judged[after.id] == ("verified", 4), judged  # judged again when the invitation came
+    assert organiser.peer_id in campaign.members

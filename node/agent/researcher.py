@@ -594,9 +594,9 @@ class Researcher:
         parallel at the next step."""
         if not claims:
             return claims
-        pool, size = self._pool(), self.ledger.rules(self.profile.name, self.quorum).committee_size
+        size = self.ledger.rules(self.profile.name, self.quorum).committee_size
         return [c for c in claims
-                if self.me.peer_id in consensus.committee(c["id"], c["author"], pool, size)]  # fmt: skip
+                if self.me.peer_id in consensus.committee(c["id"], c["author"], self._pool(c), size)]  # fmt: skip
 
     def _replayer(self, claim: dict, seed: int | None = None) -> bool:
         """Whether this node is drawn to replay a seed of `claim`, its author's (None) or that
@@ -605,7 +605,7 @@ class Researcher:
         claim was made, so that one peer replays it and another steps in when that one left."""
         rules = self.ledger.rules(self.profile.name, self.quorum)
         waited = max(0, self.ledger.clock() - claim["time"]) // ACTIVE_MS
-        pool, key = self._pool(), claim["id"]
+        pool, key = self._pool(claim), claim["id"]
         if seed is not None:
             key = f"{claim['id']}:{seed}"
             reported = self.ledger.rows(
@@ -616,11 +616,12 @@ class Researcher:
         ranked = consensus.committee(key, claim["author"], pool, rules.committee_size)
         return self.me.peer_id in ranked[: 1 + waited]
 
-    def _pool(self) -> frozenset[str]:
-        """Whom a claim's committee is drawn from: the campaign's members, or, in an open
-        campaign, the peers active in the last ACTIVE_MS, this one included (so a peer that
-        left drops out of the draw within that time, and the next in rank takes its place)."""
-        members = self.ledger.rules(self.profile.name, self.quorum).members
+    def _pool(self, claim: dict) -> frozenset[str]:
+        """Whom `claim`'s committee is drawn from: the campaign's members (`Rules.members_for`),
+        or, in an open campaign, the peers active in the last ACTIVE_MS, this one included (so a
+        peer that left drops out of the draw within that time, and the next in rank takes its
+        place)."""
+        members = self.ledger.rules(self.profile.name, self.quorum).members_for(claim)
         if members is not None:
             return members
         rows = self.ledger.rows(

@@ -79,8 +79,8 @@ def claims_to_verify(
             r["author"] != me and r["author"] not in skip and j.state in WANTING
             and j.seeds < rules.look_budget and mine[r["id"]] < evidence.PEER_CAP
             and not (r["id"] in tried and not mine[r["id"]])  # it crashed or was void here
-            and (rules.members is None
-                 or me in consensus.committee(r["id"], r["author"], rules.members, rules.committee_size))
+            and ((members := rules.members_for(r)) is None
+                 or me in consensus.committee(r["id"], r["author"], members, rules.committee_size))
         )  # fmt: skip
 
     def gain(r: Mapping[str, Any]) -> float:
