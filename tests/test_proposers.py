@@ -312,6 +312,48 @@ def test_llm_spending_limit_stops_proposing_and_survives_a_restart(chat, tmp_pat
         again.propose(Context(BASELINE))
 
 
+def test_llm_spending_limit_is_the_nodes_whatever_its_workers(chat, tmp_path):
+    """Two workers of one node, each with its proposer: their calls add up in one record, and
+    once the node's total reaches the limit neither calls the model (before, each counted its
+    own calls on top of what it read at start, and the node spent the limit once per worker)."""
+    server = chat((200, GOOD_REPLY), (200, GOOD_REPLY), (200, GOOD_REPLY))
+    spent = tmp_path / "llm-spend.json"
+    one, two = (llm(server, model="openai/gpt-4o-mini", max_cost_usd=4e-4, spent_path=spent)
+                for _ in range(2))  # fmt: skip
+    one.propose(Context(BASELINE))
+    cost = one.usage.cost_usd
+    assert cost < 4e-4 < 2 * cost  # two calls pass the limit, one does not
+    two.propose(Context(BASELINE))
+    assert one.spent_usd == two.spent_usd == pytest.approx(2 * cost)
+    assert json.loads(spent.read_text())["cost_usd"] == pytest.approx(2 * cost)
+    for worker in (one, two):
+        with pytest.raises(SpendingLimitReached, match="this node has spent"):
+            worker.propose(Context(BASELINE))
+    assert len(server.requests) == 2
+
+
+def test_the_prompt_states_the_policy_checked_and_why_the_last_reply_was_refused(chat):
+    """The rules in the prompt are made from the policy's own sets (an allowed import the
+    old program.md text forbade, a torch submodule it allowed and the policy refuses), and the
+    reply after a refused one is asked for with the reason."""
+    _, user = build_messages(Context(BASELINE, PROGRAM, "cpu"))
+    assert policy.rules_text() in user["content"]
+    assert "`functools`" in user["content"] and "`torch.utils`" not in user["content"]
+    assert policy.check_source("import functools\n") == []
+    assert policy.check_source("import torch.utils\n") != []
+    for name in ("getattr", "load", "_foreach_"):
+        assert f"`{name}`" in policy.rules_text()
+    server = chat((200, "I would make the model wider."), (200, GOOD_REPLY))
+    proposer = llm(server)
+    with pytest.raises(ProposalRefused) as refused:
+        proposer.propose(Context(BASELINE, PROGRAM, "test"))
+    proposer.propose(Context(BASELINE, PROGRAM, "test"))
+    first, second = (r["messages"][-1]["content"] for r in server.requests)
+    assert "was refused" not in first
+    assert f"Your last reply was refused: {refused.value}" in second
+    assert proposer.last_refused is None  # the reply after it was taken
+
+
 def test_llm_timeout_is_retried(chat):
     server = chat((200, GOOD_REPLY, 2.0), (200, GOOD_REPLY))
     proposer = llm(server, timeout_s=0.3)

@@ -8,6 +8,7 @@ code it receives, and imports litellm only when a model is configured.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from typing import Any
 from node.agent.errors import ModelError, PatchError, ProposalRefused, SpendingLimitReached
 from node.agent.patch import apply_diff, change_hash, check_source
 from node.agent.proposers import Context, Proposal
+from node.trainer.policy import rules_text
 
 _FENCE = re.compile(
     r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S
@@ -80,8 +82,10 @@ def _description(prose: str) -> str:
     return line if len(line) <= 200 else line[:199] + "…"
 
 
-def build_messages(context: Context) -> list[dict[str, str]]:
-    """The chat: program.md as the system message; train.py, history and the task as the user's."""
+def build_messages(context: Context, refused: str | None = None) -> list[dict[str, str]]:
+    """The chat: program.md as the system message; train.py, history, the policy's rules (from
+    `policy.rules_text`, the rules checked), why the last reply was refused (`refused`) and the
+    task as the user's."""
     if context.history:
         lines = []
         for a in context.history:
@@ -99,7 +103,10 @@ def build_messages(context: Context) -> list[dict[str, str]]:
         "or trained past its budget) and was not scored; running: "
         "another GPU of this node is running it now). Do not propose any of these again, and "
         f"learn from what failed:\n{history}\n\n"
-        "Propose ONE new change. Reply with a line `Description: <one line>`, then either one "
+        "The train.py you return is checked against these rules before it runs, and refused if "
+        f"it breaks one:\n{rules_text()}\n"
+        + (f"Your last reply was refused: {refused}. Do not repeat that.\n\n" if refused else "")
+        + "Propose ONE new change. Reply with a line `Description: <one line>`, then either one "
         "unified diff against the train.py above in a ```diff block, or the whole new train.py "
         "in a ```python block. Nothing else is needed."
     )
@@ -133,8 +140,12 @@ class LLMProposer:
     """Asks a model (litellm's `provider/name`) for one change per call; the API key comes from
     the provider's usual environment variable (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...).
 
-    Spending is counted per node (in `spent_path` if given, so it survives restarts); once it
-    reaches `max_cost_usd` every call raises SpendingLimitReached. Local models cost 0.
+    Spending is counted per node in `spent_path` if given: every worker's proposer of the node
+    adds its calls' cost there (under a file lock) and reads the total before each call, so the
+    limit is the node's, whatever the number of workers, and survives restarts; once the total
+    reaches `max_cost_usd` every call raises SpendingLimitReached (a call already in flight on
+    another worker may pass it by its own cost). Without `spent_path`, per proposer. Local
+    models cost 0.
     """
 
     def __init__(
@@ -162,32 +173,50 @@ class LLMProposer:
         self.timeout_s, self.max_tokens, self.temperature = timeout_s, max_tokens, temperature
         self.spent_path, self._sleep = spent_path, sleep
         self.usage = Usage()
-        self.spent_before = self._load_spent()
+        self.last_refused: str | None = None  # why the last reply was refused, for the next prompt
+        self._spend(0.0)  # a record it cannot read is an error now, not at the first call
 
-    def _load_spent(self) -> float:
-        if self.spent_path is None or not self.spent_path.exists():
-            return 0.0
-        try:
-            return float(json.loads(self.spent_path.read_text())["cost_usd"])
-        except (OSError, ValueError, KeyError, TypeError):
-            raise ModelError(
-                f"cannot read the spending record {self.spent_path}: fix or remove it"
-            ) from None
+    def _spend(self, cost: float) -> float:
+        """Add `cost` to the node's spending record and return the node's total (this proposer's
+        own without a record)."""
+        if self.spent_path is None:
+            return self.usage.cost_usd
+        self.spent_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.spent_path.with_name(self.spent_path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the node's other workers wait their turn
+            total = 0.0
+            try:
+                total = float(json.loads(self.spent_path.read_text())["cost_usd"])
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError, KeyError, TypeError):
+                raise ModelError(
+                    f"cannot read the spending record {self.spent_path}: fix or remove it"
+                ) from None
+            if cost:
+                total += cost
+                tmp = self.spent_path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"cost_usd": total, "model": self.model}))
+                tmp.replace(self.spent_path)
+        return total
 
     @property
     def spent_usd(self) -> float:
-        return self.spent_before + self.usage.cost_usd
+        """What the node has spent on model calls (this proposer's alone without a record)."""
+        return self._spend(0.0)
 
     def _check_budget(self) -> None:
-        if self.spent_usd >= self.max_cost_usd:
+        spent = self.spent_usd
+        if spent >= self.max_cost_usd:
             raise SpendingLimitReached(
-                f"this node has spent ${self.spent_usd:.4f} on model calls, its limit is "
+                f"this node has spent ${spent:.4f} on model calls, its limit is "
                 f"${self.max_cost_usd:.2f}: raise the limit or use the offline proposer"
             )
 
     def propose(self, context: Context) -> Proposal:
-        """One proposal from the model; ProposalRefused when its reply holds no usable change."""
-        reply = self.complete(build_messages(context))
+        """One proposal from the model; ProposalRefused when its reply holds no usable change
+        (and the next prompt says why, so that the model need not guess)."""
+        reply = self.complete(build_messages(context, self.last_refused))
         try:
             proposal = extract_change(reply, context.train_py)
             key = change_hash(context.train_py, proposal.source)
@@ -195,9 +224,11 @@ class LLMProposer:
                 raise ProposalRefused(
                     f"the model proposed a change already tried here ({key[:12]})"
                 )
-        except ProposalRefused:
+        except ProposalRefused as exc:
             self.usage.refused += 1
+            self.last_refused = str(exc)
             raise
+        self.last_refused = None
         return proposal
 
     def complete(self, messages: list[dict[str, str]]) -> str:
@@ -240,11 +271,7 @@ class LLMProposer:
         except Exception:  # a model litellm has no price for (a local one): free
             cost = 0.0
         self.usage.cost_usd += cost
-        if self.spent_path is not None:
-            self.spent_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.spent_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"cost_usd": self.spent_usd, "model": self.model}))
-            tmp.replace(self.spent_path)
+        self._spend(cost)
 
 
 def _key_or_placeholder(litellm: Any, model: str, api_base: str | None) -> str | None:
