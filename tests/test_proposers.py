@@ -368,3 +368,41 @@ def test_a_missing_api_key_is_a_clear_error_unless_a_local_server_is_given(chat,
     server = chat((200, GOOD_REPLY))
     local = LLMProposer("openai/local-model", api_base=server.api_base)  # any key will do
     assert local.propose(Context(BASELINE)).source == GOOD_CHILD
+
+
+def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refuted_on_it(
+    tmp_path, alice, bob, carol
+):
+    """Each verified step from the baseline with its pooled gain, uncertainty and seeds, and the
+    claims refuted on those versions, come from the ledger's judgements into the prompt."""
+    from conftest import CAMPAIGN, set_terms
+    from test_researcher import NARROW, NARROW_SOFTCAP, SOFTCAP, _claim, _verified_claim, sha
+
+    from node import consensus, wire
+    from node.agent.proposers import context_from_ledger
+    from node.ledger import Ledger
+    from node.trainer import get_profile, harness_sha256
+
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:
+        set_terms(book, baseline=sha(BASELINE))
+        _verified_claim(book, alice, bob, BASELINE, NARROW, gain=0.05)
+        worse = _claim(book, carol, BASELINE, SOFTCAP, 0.02, "Logit softcap 30")
+        for seed in range(consensus.HOLD_LOOKS + 3):  # its looks find it worse on every seed
+            look = wire.verification_body(
+                result=worse.id, child_val_bpb=1.52, parent_val_bpb=1.5, seed=200 + seed,
+                profile="test", harness=harness_sha256(get_profile("test")), verdict="refute",
+            )  # fmt: skip
+            book.ingest(wire.sign(bob, "verification", CAMPAIGN, book.next_seq(bob.public_key), look).raw)
+        states = {r["id"]: r["state"] for r in book.rows("SELECT id, state FROM claims")}
+        assert states[worse.id] == "refuted", states
+        context = context_from_ledger(book, NARROW_SOFTCAP, "test")
+        assert context.lineage == () and context.refuted == ()  # no verified way leads there
+        context = context_from_ledger(book, NARROW, "test")
+    (step,) = context.lineage
+    assert step.description == "a win" and step.by == alice.peer_id and step.seeds >= 3
+    assert step.gain == pytest.approx(0.05, abs=0.01) and step.se >= 0
+    (refuted,) = context.refuted
+    assert refuted.description == "Logit softcap 30" and refuted.gain < 0
+    _, user = build_messages(context)
+    assert f"- a win: {step.gain:+.4f} +- {step.se:.4f} bpb gain, {step.seeds} seeds" in user["content"]
+    assert "Logit softcap 30" in user["content"] and "refuted on the way" in user["content"]

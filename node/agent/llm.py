@@ -97,7 +97,8 @@ def build_messages(context: Context, refused: str | None = None) -> list[dict[st
     task = (
         f"Profile: {context.profile}. This is the current train.py:\n\n```python\n"
         f"{context.train_py}```\n\n"
-        "What this node and its peers already tried on exactly this train.py (negative delta is "
+        + _evidence(context)
+        + "What this node and its peers already tried on exactly this train.py (negative delta is "
         "better; a discard did not clear the noise margin; a crash failed to run; a void broke "
         "the measurement's rules (it looked ahead at later tokens or at other rows of its batch, "
         "or trained past its budget) and was not scored; running: "
@@ -112,6 +113,28 @@ def build_messages(context: Context, refused: str | None = None) -> list[dict[st
     )
     return [{"role": "system", "content": context.program or "Improve train.py."},
             {"role": "user", "content": task}]  # fmt: skip
+
+
+def _evidence(context: Context) -> str:
+    """What the swarm verified on the way to this train.py and refuted on that way, with the
+    pooled gains and their uncertainty: what the model learns from beyond this version."""
+    if not context.lineage and not context.refuted:
+        return ""
+
+    def line(j: Any) -> str:
+        return f"- {j.description}: {j.gain:+.4f} +- {j.se:.4f} bpb gain, {j.seeds} seeds"
+
+    text = ""
+    if context.lineage:
+        text += ("The swarm reached this train.py from the campaign's baseline by these verified "
+                 "changes, first first (gain: how much lower val_bpb is, pooled over every "
+                 "peer's seeds, with its standard error):\n"
+                 + "\n".join(line(j) for j in context.lineage) + "\n\n")  # fmt: skip
+    if context.refuted:
+        text += ("Changes the swarm refuted on the way (their seeds showed no gain): do not "
+                 "propose them again in another form unless you know why they failed:\n"
+                 + "\n".join(line(j) for j in context.refuted) + "\n\n")  # fmt: skip
+    return text
 
 
 @dataclass

@@ -33,14 +33,29 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Judged:
+    """A change the swarm judged on this train.py's lineage: its pooled gain (bpb, positive is
+    better) with its standard error and the seeds behind it, and who made it."""
+
+    description: str
+    gain: float
+    se: float
+    seeds: int
+    by: str
+
+
+@dataclass(frozen=True)
 class Context:
-    """What a proposer sees: the parent train.py, the strategy, the profile, recent history."""
+    """What a proposer sees: the parent train.py, the strategy, the profile, recent history,
+    and what the swarm verified and refuted on the way to it."""
 
     train_py: str
     program: str = ""
     profile: str = "test"
     history: tuple[Attempt, ...] = ()
     tried: frozenset[str] = frozenset()  # diff hashes tried on this parent, beyond `history`
+    lineage: tuple[Judged, ...] = ()  # the verified steps from the baseline here, first first
+    refuted: tuple[Judged, ...] = ()  # changes refuted on the versions of that lineage
 
     @property
     def parent(self) -> str:
@@ -103,4 +118,45 @@ def context_from_ledger(
         for r in rows[:limit]
     )  # fmt: skip
     tried = frozenset(r["diff_sha256"] for r in rows)
-    return Context(train_py, program, profile, history, tried)
+    lineage, refuted = judged_on_the_way(ledger, parent, profile)
+    return Context(train_py, program, profile, history, tried, lineage, refuted)
+
+
+MAX_STEPS_SHOWN = 40  # verified steps a prompt carries, the latest
+MAX_REFUTED_SHOWN = 20
+
+
+def judged_on_the_way(
+    ledger: Ledger, version: str, profile: str
+) -> tuple[tuple[Judged, ...], tuple[Judged, ...]]:
+    """(the verified claims that lead from the baseline to `version`, first first; the claims
+    refuted on the versions of that way, best first): the swarm's evidence a proposer learns
+    from, each with its pooled gain and uncertainty, from the judgements the ledger keeps."""
+    if ledger.schema_version < 3:
+        return (), ()
+    columns = "c.parent, c.gain, c.se, c.seeds, c.author, r.description"
+    steps: list[Judged] = []
+    versions, current = [version], version
+    while len(steps) < MAX_STEPS_SHOWN:
+        rows = ledger.rows(
+            f"SELECT {columns} FROM claims c JOIN results r ON r.id = c.id WHERE c.child = ? "
+            "AND c.profile = ? AND c.state = 'verified' ORDER BY c.gain DESC, c.id LIMIT 1",
+            (current, profile),
+        )
+        if not rows or rows[0]["parent"] in versions:  # the baseline, or a loop
+            break
+        steps.append(_judged(rows[0]))
+        current = rows[0]["parent"]
+        versions.append(current)
+    marks = ", ".join("?" * len(versions))
+    refuted = ledger.rows(
+        f"SELECT {columns} FROM claims c JOIN results r ON r.id = c.id WHERE c.parent IN ({marks}) "
+        f"AND c.profile = ? AND c.state = 'refuted' ORDER BY c.gain DESC, c.id LIMIT {MAX_REFUTED_SHOWN}",
+        (*versions, profile),
+    )  # fmt: skip
+    return tuple(reversed(steps)), tuple(_judged(r) for r in refuted)
+
+
+def _judged(row: dict) -> Judged:
+    return Judged(row["description"], row["gain"] or 0.0, row["se"] or 0.0, row["seeds"] or 0,
+                  row["author"])  # fmt: skip
