@@ -4,19 +4,24 @@ browser) is a failure in CI and a skip that says why elsewhere (`unavailable`)."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
 from node import consensus, wire
+from node.agent.adoption import descends_from
 from node.identity import Identity
+from node.ledger import Ledger, LedgerError
 from node.trainer.sandbox import sandbox_available
 
 CAMPAIGN = "demo"
@@ -181,3 +186,25 @@ def run_swarm(*args: str, env: dict, timeout: float = 300) -> subprocess.Complet
     """A `swarm` command run to its end, its output captured."""
     return subprocess.run([sys.executable, "-m", "node.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
+
+
+def worker_builds_on(home: Path, head: str) -> bool:
+    """Whether the first worker of the node at HOME adopted `head`, or a head built on it, and
+    stands on what it adopted: its own head is that head, or reached from it by kept results
+    (its own research, or a claim it researches ahead from). `adopted` alone is set before the
+    worker has scored and moved to the new head, and stays set when it cannot."""
+    try:
+        state = json.loads((home / "status" / "worker-0.json").read_text())
+        with Ledger(home / "ledger.db", readonly=True) as ledger:
+
+            def kept_parent(child: str) -> str | None:
+                rows = ledger.rows("SELECT parent FROM results WHERE child = ? AND outcome = 'keep' "
+                                   "ORDER BY time LIMIT 1", (child,))  # fmt: skip
+                return rows[0]["parent"] if rows else None
+
+            adopted, own = state.get("adopted"), state.get("head")
+            return bool(adopted and own) and (
+                descends_from(adopted, head, kept_parent) and descends_from(own, adopted, kept_parent)
+            )
+    except (OSError, ValueError, sqlite3.OperationalError, LedgerError):  # being written: look again
+        return False

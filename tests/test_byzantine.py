@@ -32,7 +32,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from conftest import wait_until
+from conftest import wait_until, worker_builds_on
 from test_gossip import Node
 
 from node import wire
@@ -526,8 +526,9 @@ def test_a_joined_node_refutes_fakes_skips_the_silenced_faker_and_adopts_the_hon
             skip_if_harness_changed(harness)
             raise
         phases.append(f"judged {time.monotonic() - began:.0f} s")
-        wait_until(lambda: judged() and worker_status(home).get("adopted") == sha(BASELINE),
-                   "the joined node to adopt the honest win", timeout=180)  # fmt: skip
+        wait_until(lambda: judged() and worker_status(home).get("adopted") == sha(BASELINE)
+                   and worker_builds_on(home, sha(BASELINE)),
+                   "the joined node to adopt the honest win and build on it", timeout=180)  # fmt: skip
         status = gossip_status(home)
         why = next(s for s in status["standing"] if s["peer"] == ids["faker"].peer_id)["reasons"][0]
         assert (

@@ -1,7 +1,7 @@
 """Three nodes researching together, as a hackathon group runs them: a signed campaign file, a
 real bootstrap and three `swarm join` processes on loopback on the `test` profile with the
 offline proposer. Within a bounded time every node holds the same best head, verified by the
-campaign's quorum of peers other than its author, and each node adopted it."""
+campaign's quorum of peers other than its author, and each node's worker builds on it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import Process, run_swarm, wait_until
+from conftest import Process, run_swarm, wait_until, worker_builds_on
 
 from node import consensus
 from node.agent.adoption import best_head, swarm_rows
@@ -73,11 +73,17 @@ def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data
             assert makers, "the head is made by a verified result"
             assert all(len(verified[r["id"]]) >= QUORUM and r["author"] not in verified[r["id"]] for r in makers)
 
-        def adopted_by_all() -> bool:
-            states = [json.loads((home / "status" / "worker-0.json").read_text()) for home in homes]
-            return all(s["adopted"] not in (None, baseline) for s in states)
+        # Each node's worker moves to the agreed head (or a verified head built on it, should the
+        # swarm have gone on) and researches from it: seen once for each node.
+        on_head: set[Path] = set()
 
-        wait_until(adopted_by_all, "every node's worker adopting a verified head", timeout=240, every=2)
+        def all_on_the_head() -> bool:
+            on_head.update(home for home in homes if worker_builds_on(home, head))
+            return on_head == set(homes)
+
+        wait_until(
+            all_on_the_head, "every node's worker building on the agreed head", timeout=240, every=2
+        )
     finally:
         codes = [node.stop() for node in nodes]
         boot.stop()
