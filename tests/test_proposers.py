@@ -14,7 +14,7 @@ from node.agent.errors import ModelError, ProposalRefused, SpendingLimitReached
 from node.agent.llm import LLMProposer, build_messages, extract_change
 from node.agent.offline import OfflineProposer
 from node.agent.patch import apply_diff, change_hash, make_diff
-from node.agent.proposers import Attempt, Context
+from node.agent.proposers import Attempt, Context, Proposal
 from node.trainer import BASELINE_TRAIN_PY, policy
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
@@ -406,3 +406,35 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
     _, user = build_messages(context)
     assert f"- a win: {step.gain:+.4f} +- {step.se:.4f} bpb gain, {step.seeds} seeds" in user["content"]
     assert "Logit softcap 30" in user["content"] and "refuted on the way" in user["content"]
+
+
+def test_offline_proposers_of_sixteen_nodes_take_sixteen_shares_and_a_quiet_nodes_passes_on():
+    """Every node ranks each change by the hash of its own id and the change's (rendezvous): it
+    proposes its share first, so sixteen nodes on one head try sixteen different changes at once
+    (with one seed each, they all proposed the same one first), and when a node goes quiet its
+    share is the next ranked node's, with nobody assigning anything."""
+    from node.agent.offline import share_of
+    from node.agent.patch import change_hash
+    from node.identity import Identity
+
+    peers = [Identity(bytes([i] * 32)).peer_id for i in range(1, 17)]
+
+    def first(me: str | None, active: list[str]) -> Proposal:
+        context = Context(BASELINE, PROGRAM, "cpu", me=me, active=frozenset(active))
+        return OfflineProposer(0).propose(context)
+
+    assert len({first(None, []).source for _ in peers}) == 1  # the same seed: the same change
+    proposals = {p: first(p, peers) for p in peers}
+    assert len({pr.source for pr in proposals.values()}) == 16
+    for peer, proposal in proposals.items():
+        assert share_of(change_hash(BASELINE, proposal.source), frozenset(peers)) == peer
+    quiet = peers[0]
+    theirs = change_hash(BASELINE, proposals[quiet].source)
+    heir = share_of(theirs, frozenset(peers[1:]))
+    assert heir != quiet
+    # The heir's share now holds the quiet node's first change: it comes up in the heir's order.
+    context = Context(BASELINE, PROGRAM, "cpu", me=heir, active=frozenset(peers[1:]))
+    order = [change_hash(BASELINE, child) for description, child
+             in OfflineProposer(0)._ordered(context) if "; " not in description]  # fmt: skip
+    mine = [c for c in order if share_of(c, frozenset(peers[1:])) == heir]
+    assert theirs in mine and order[: len(mine)] == mine  # its share, the inherited one too, first

@@ -199,11 +199,25 @@ def unread_constants(context: Context) -> set[str]:
     }  # fmt: skip
 
 
-class OfflineProposer:
-    """Seeded changes that need no model: each call gives the next untried one on the parent.
+def share_of(change: str, peers: frozenset[str] | set[str]) -> str | None:
+    """The peer whose share a change is: the one of `peers` that ranks it first by sha256 of
+    its id and the change's hash (rendezvous hashing). Every node computes the same from the same
+    peers, so nobody assigns work; when that peer goes quiet, the change is the next one's."""
+    return max(peers, key=lambda p: _rank(p, change), default=None)
 
-    The order depends only on the seed and the parent, so the same seed proposes the same
-    changes; different seeds explore in different orders, which spreads a swarm's work.
+
+def _rank(peer: str, change: str) -> bytes:
+    return hashlib.sha256(f"{peer}:{change}".encode()).digest()
+
+
+class OfflineProposer:
+    """Changes that need no model: each call gives the next untried one on the parent.
+
+    Given this node's peer id and the peers researching lately (`Context.me`, `.active`), it
+    proposes first the changes that are its share (`share_of`), then, with its own share done,
+    the others', each in an order of its own: sixteen nodes try sixteen different changes at
+    once, and a quiet node's share passes to the others. Without them, the order depends only
+    on the seed and the parent.
     """
 
     def __init__(self, seed: int = 0) -> None:
@@ -230,11 +244,30 @@ class OfflineProposer:
         for a, b in pairs[:MAX_PAIRS]:
             yield f"{a.description}; {b.description}", _with_lines(source, (a, b))
 
+    def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
+        """The candidates in the order this node tries them: its share first, when it knows
+        itself and its peers; single steps before pairs either way."""
+        candidates = self.candidates(context.train_py, context.profile)
+        if context.me is None:
+            yield from candidates
+            return
+        peers = context.active | {context.me}
+        singles, pairs = [], []
+        for description, child in candidates:
+            change = _change_hash(context.train_py, child)
+            mine = share_of(change, peers) == context.me
+            (pairs if "; " in description else singles).append(
+                (not mine, _rank(f"{context.me}:{self.seed}", change), description, child)
+            )
+        for group in (singles, pairs):
+            for *_, description, child in sorted(group):
+                yield description, child
+
     def propose(self, context: Context) -> Proposal:
         parent, tried = context.parent, context.tried_hashes
         unseen = unread_constants(context)
         seen: set[str] = set()
-        for description, child in self.candidates(context.train_py, context.profile):
+        for description, child in self._ordered(context):
             if child == context.train_py or unseen & _constants(description):
                 continue
             key = _change_hash(context.train_py, child)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from node.ledger import Ledger
 
+ACTIVE_MS = 3_600_000  # a peer that published a result in the last hour researches: it has a share
+
 # ---------------------------------------------------------------------------------------------
 # The interface
 
@@ -56,6 +58,8 @@ class Context:
     tried: frozenset[str] = frozenset()  # diff hashes tried on this parent, beyond `history`
     lineage: tuple[Judged, ...] = ()  # the verified steps from the baseline here, first first
     refuted: tuple[Judged, ...] = ()  # changes refuted on the versions of that lineage
+    me: str | None = None  # this node's peer id
+    active: frozenset[str] = frozenset()  # peers that researched lately (published a result)
 
     @property
     def parent(self) -> str:
@@ -119,7 +123,13 @@ def context_from_ledger(
     )  # fmt: skip
     tried = frozenset(r["diff_sha256"] for r in rows)
     lineage, refuted = judged_on_the_way(ledger, parent, profile)
-    return Context(train_py, program, profile, history, tried, lineage, refuted)
+    active = frozenset(
+        r["author"] for r in ledger.rows(
+            "SELECT DISTINCT author FROM results WHERE profile = ? AND time >= ?",
+            (profile, ledger.clock() - ACTIVE_MS),
+        )
+    ) | ({me} if me else set())  # fmt: skip
+    return Context(train_py, program, profile, history, tried, lineage, refuted, me, active)
 
 
 MAX_STEPS_SHOWN = 40  # verified steps a prompt carries, the latest
