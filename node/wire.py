@@ -55,7 +55,7 @@ MAX_MEMBERS = 400  # member keys a campaign lists: 35 bytes each, within a campa
 _UINT_MAX = (1 << 63) - 1
 _HEX = frozenset("0123456789abcdef")
 _PROFILE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}\Z")
-_CAMPAIGN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+CAMPAIGN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # a campaign's name, everywhere
 # msgpack's own guards: no container or string larger than one fact can hold.
 _UNPACK_LIMITS = dict(
     max_str_len=MAX_ANY_SIZE,
@@ -308,7 +308,7 @@ BODIES: dict[str, Check] = {
     ),
     "campaign": _record(
         {
-            "name": _text(64, _CAMPAIGN),
+            "name": _text(64, CAMPAIGN_NAME),
             "organiser": _key32,
             "program_sha256": _hex64,
             "baseline": _hex64,  # sha256 of the baseline train.py
@@ -339,7 +339,7 @@ KINDS = tuple(BODIES)  # result, verification, campaign, invitation, head
 
 _ENVELOPE = {
     "author": _key32,
-    "campaign": _text(64, _CAMPAIGN),
+    "campaign": _text(64, CAMPAIGN_NAME),
     "seq": _uint(_UINT_MAX, low=1),
     "time": _uint(),
     "sig": lambda v, w: None if isinstance(v, bytes) and len(v) == 64 else _bad(w, "64-byte sig"),

@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import random
-import re
 import socket
 import time
 from collections.abc import Callable
@@ -47,7 +46,6 @@ from node.ledger import Ledger
 log = logging.getLogger("swarm.gossip")
 STATUS_FILE = "gossip.json"  # inside the node's home: what `swarm peers` shows
 _SIGNED_REASONS = (wire.Reason.replay, wire.Reason.seq_backwards, wire.Reason.future_time)
-_CAMPAIGN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # as wire.decode checks it
 # What the gossip layer refuses before the ledger sees it; recorded in the ledger's rejections so
 # that standing, unlike a ban, survives a restart.
 _OFFENCES = (
@@ -322,7 +320,7 @@ class GossipNode:
             info = info_from_p2p_addr(parse_multiaddr(text, need_peer_id=True))
             self.book.add(info.peer_id.to_base58(), [str(a) for a in info.addrs], bootstrap=True)
             self.bootstraps[info.peer_id.to_base58()] = text
-        if config.campaign is not None and not _CAMPAIGN.match(config.campaign):
+        if config.campaign is not None and not wire.CAMPAIGN_NAME.match(config.campaign):
             raise GossipError(f"{config.campaign!r} is not a campaign name: letters, digits, "
                               "'.', '_' or '-', at most 64, starting with a letter or digit")  # fmt: skip
         self.listen = parse_multiaddr(config.listen)
