@@ -472,6 +472,7 @@ def test_the_policy_refuses_the_attack_before_it_runs(name, scene, small_data):
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
+@pytest.mark.slow
 def test_the_sandbox_and_the_scorer_contain_the_attack(
     name, scene, small_data, honest, monkeypatch
 ):
@@ -508,6 +509,7 @@ def test_the_sandbox_and_the_scorer_contain_the_attack(
         assert int(log.split("ATTEMPT uid: ok ")[1].split()[0]) >= SANDBOX_UID_BASE
 
 
+@pytest.mark.slow
 def test_a_fork_bomb_is_held_to_its_process_limit_and_the_machine_stays_responsive(
     scene, small_data, monkeypatch
 ):

@@ -40,6 +40,7 @@ from node.identity import Identity, load_identity
 from node.ledger import Ledger
 from node.trainer import BASELINE_TRAIN_PY, get_profile, harness_sha256
 
+pytestmark = pytest.mark.slow  # real swarms whose verifiers train: minutes
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = "byzantine-test"
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"

@@ -12,6 +12,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+import pytest
 from conftest import Process, wait_until
 
 from node.gossip.peer import STATUS_FILE
@@ -46,6 +47,7 @@ def test_run_json_of_a_crashed_run_exits_two_like_the_table(tmp_path, small_data
 # ---------------------------------------------------------------- join: the address, the GPUs, the home
 
 
+@pytest.mark.slow
 def test_a_malformed_bootstrap_or_gpus_is_refused_before_any_key_or_data_is_written(tmp_path):
     home = tmp_path / "new-home"
     peer = "12D3KooWBtLKtwxQvEnB3wZZEr39r71n6GLa56xtPEnMCok1C6VZ"
@@ -65,6 +67,7 @@ def test_a_malformed_bootstrap_or_gpus_is_refused_before_any_key_or_data_is_writ
         assert not home.exists(), args  # no key, no ledger, no data
 
 
+@pytest.mark.slow
 def test_an_unusable_home_is_a_one_line_error(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")
@@ -80,6 +83,7 @@ def test_an_unusable_home_is_a_one_line_error(tmp_path):
                 assert words in line, args
 
 
+@pytest.mark.slow
 def test_read_only_commands_never_create_a_home(tmp_path):
     home = tmp_path / "absent"
     for args in (["status"], ["peers"], ["ledger", "summary"], ["ledger", "experiments"],
@@ -92,6 +96,7 @@ def test_read_only_commands_never_create_a_home(tmp_path):
     assert done.returncode == 1 and not home.exists()
 
 
+@pytest.mark.slow
 def test_join_says_at_once_that_the_bootstrap_cannot_be_reached_and_when_it_connects(
     tmp_path, small_data, data_cache
 ):
@@ -128,6 +133,7 @@ def test_join_says_at_once_that_the_bootstrap_cannot_be_reached_and_when_it_conn
 # ---------------------------------------------------------------- status and peers of a stopped node
 
 
+@pytest.mark.slow
 def test_status_and_peers_say_when_a_node_stopped_and_round_what_they_show(tmp_path):
     home = tmp_path / "node"
     env = {**os.environ, "COLUMNS": "200"}

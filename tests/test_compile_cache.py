@@ -44,6 +44,7 @@ def files_of(root) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow
 def test_a_trusted_run_fills_the_store_a_strangers_run_adds_nothing_and_a_rerun_compiles_nothing(
     tmp_path, small_data
 ):

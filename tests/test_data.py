@@ -118,6 +118,7 @@ def shard_server(tmp_path):
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_two_processes_sharing_a_cache_build_it_once_and_both_get_the_same_data(
     small_data, data_cache, tmp_path
 ):

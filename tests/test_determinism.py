@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from node.trainer import BASELINE_TRAIN_PY, get_profile, run_experiment
 
 PROFILE = get_profile("test")
@@ -24,6 +26,7 @@ def run(tmp_path, data, name: str, source: str | None = None, seed: int = 7):
     return result
 
 
+@pytest.mark.slow
 def test_one_seed_scores_the_same_on_a_busy_machine(tmp_path, small_data):
     quiet = run(tmp_path, small_data, "quiet")
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(3)]
@@ -40,6 +43,7 @@ def test_one_seed_scores_the_same_on_a_busy_machine(tmp_path, small_data):
     assert other.val_bpb != quiet.val_bpb  # the seed is what moves it
 
 
+@pytest.mark.slow
 def test_the_profile_fixes_the_threads_whatever_the_machine_offers(
     tmp_path, small_data, monkeypatch
 ):

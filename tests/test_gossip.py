@@ -117,6 +117,7 @@ def _all_hold(nodes: list[Node], facts: set[str]) -> bool:
     return all(facts <= node.results() for node in nodes)
 
 
+@pytest.mark.slow
 def test_every_fact_published_by_any_node_reaches_every_ledger(swarm) -> None:
     boot = swarm("boot", peer=False)
     nodes = [swarm(f"n{i}", "--bootstrap", boot.addr, "--publish-every", "1", "--publish-count", "3")
@@ -134,6 +135,7 @@ def test_every_fact_published_by_any_node_reaches_every_ledger(swarm) -> None:
         assert node.status()["counts"]["rejected"] == 0
 
 
+@pytest.mark.slow
 def test_bootstrap_can_vanish_and_a_restarted_node_rejoins_through_any_peer(swarm) -> None:
     boot = swarm("boot", peer=False)
     a, b, c = (swarm(name, "--bootstrap", boot.addr) for name in "abc")
@@ -153,6 +155,7 @@ def test_bootstrap_can_vanish_and_a_restarted_node_rejoins_through_any_peer(swar
                "the restarted node to catch up and hear new facts")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_late_joiner_holds_every_earlier_fact_after_sync(swarm, tmp_path: Path) -> None:
     # Facts stored before e0 started were never gossiped: only sync can carry them.
     offline = {publish_into(tmp_path / "e0", n) for n in (1, 2, 3)}
@@ -193,6 +196,7 @@ def test_a_large_version_is_fetched_by_hash_in_chunks_after_sync(swarm, tmp_path
     assert wait_until(fetched, "the 3 MB version to arrive") == big
 
 
+@pytest.mark.slow
 def test_a_hostile_peer_is_dropped_and_harms_no_one(swarm, tmp_path: Path) -> None:
     boot = swarm("boot", peer=False)
     a, b = (swarm(name, "--bootstrap", boot.addr) for name in "ab")

@@ -15,7 +15,7 @@ import pytest
 
 from node.trainer import BASELINE_TRAIN_PY, get_profile, run_experiment
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.slow]  # each test trains for real: 5 to 50 s
 
 PROFILE = dataclasses.replace(get_profile("test"), max_train_seconds=20)
 BASELINE = BASELINE_TRAIN_PY.read_text()

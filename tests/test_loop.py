@@ -54,6 +54,7 @@ def book(tmp_path):
         yield ledger
 
 
+@pytest.mark.slow
 def test_a_win_is_kept_published_signed_and_becomes_the_head(book, alice, tmp_path, small_data):
     head = Head(BASELINE, val_bpb=99.0)  # any trained model beats this by more than the margin
     step = research_step(book, alice, OfflineProposer(1), head, SIGMA, FAST, small_data, tmp_path)
@@ -83,6 +84,7 @@ def test_a_win_is_kept_published_signed_and_becomes_the_head(book, alice, tmp_pa
     assert change_hash(BASELINE, again.source) != body["diff_sha256"]
 
 
+@pytest.mark.slow
 def test_a_gain_within_the_margin_is_discarded_but_still_published(
     book, alice, tmp_path, small_data
 ):

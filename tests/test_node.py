@@ -42,6 +42,7 @@ def runs_of_the_node(home: Path) -> list[int]:
 
 
 @pytest.mark.sandbox  # a node runs peers' code only in the sandbox
+@pytest.mark.slow
 def test_a_node_joins_researches_reports_stops_cleanly_and_resumes(tmp_path, small_data, data_cache):
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
     boot_home, home = tmp_path / "bootstrap", tmp_path / "node"
@@ -101,6 +102,7 @@ def test_without_bubblewrap_a_node_says_so_and_runs_only_its_own_and_trusted_cod
         assert node.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_node_whose_builtin_baseline_moved_since_its_first_runs_says_so(tmp_path, small_data, data_cache):
     # A home whose lineage began on an older built-in train.py: what an upgrade leaves.
     from node.ledger import Ledger, ledger_path

@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,6 +28,7 @@ def test_the_readme_names_two_commands_that_exist_and_ci_runs_the_test_one():
     assert "scripts/test" in (ROOT / ".ci" / "run").read_text()
 
 
+@pytest.mark.slow
 def test_the_main_command_runs_a_local_swarm_that_verifies_and_adopts_a_win(tmp_path, data_cache):
     # The README's command as a user runs it, for 3 minutes instead of its 10 (measured in
     # docs/swarm.md); --profile test is its own profile, named so that the test holds if it changes.

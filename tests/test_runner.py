@@ -30,6 +30,7 @@ def run_source(tmp_path, source: str, profile=FAST, data=None, seed: int = 0):
     return run_experiment(script, profile, data, tmp_path / "run", seed=seed)
 
 
+@pytest.mark.slow
 def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, small_data):
     events = []
     result = run_experiment(
@@ -71,6 +72,7 @@ def test_the_baseline_trains_and_the_harness_scores_a_finite_val_bpb(tmp_path, s
     assert not (tmp_path / "run" / MODEL_FILE).exists()  # scored: the export is deleted
 
 
+@pytest.mark.slow
 def test_an_untrained_model_scores_worse_than_a_trained_one(tmp_path, small_data):
     loop = "for micro, (x, y) in enumerate(S.batches(DEVICE_BATCH)):"
     untrained = BASELINE_TRAIN_PY.read_text().replace(loop, loop + "\n    continue")
@@ -91,6 +93,7 @@ def test_a_crashing_train_py_ends_as_crash_with_its_log_tail(tmp_path, small_dat
     assert "ValueError: boom in train.py" in result.log_tail and "about to fail" in result.log_tail
 
 
+@pytest.mark.slow
 def test_a_train_py_that_hangs_before_training_is_killed_at_the_startup_limit(tmp_path, small_data):
     profile = dataclasses.replace(
         FAST, startup_seconds=8
@@ -107,6 +110,7 @@ def test_a_train_py_that_hangs_before_training_is_killed_at_the_startup_limit(tm
     assert "waiting" in result.log_tail
 
 
+@pytest.mark.slow
 def test_a_train_py_that_trains_on_forever_is_killed_at_the_safety_cap(tmp_path, small_data):
     source = PRELUDE + (
         "import torch\nfor i, (x, y) in enumerate(S.batches(4)):\n"
@@ -162,6 +166,7 @@ def test_a_missing_train_py_is_a_clear_error(tmp_path, small_data):
         run_experiment(tmp_path / "absent.py", FAST, small_data, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_runs_that_take_turns_start_up_while_another_trains_and_never_train_together(
     tmp_path, small_data, monkeypatch
 ):

@@ -165,6 +165,7 @@ def test_the_sandbox_contains_a_program_that_slipped_past_the_policy(
 
 
 @pytest.mark.sandbox
+@pytest.mark.slow
 def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, small_data):
     profile = get_profile("test")
     inside = run_experiment(
@@ -182,6 +183,7 @@ def test_an_honest_run_inside_the_sandbox_scores_like_one_outside(tmp_path, smal
     assert (inside.steps, inside.tokens) == (outside.steps, outside.tokens)
 
 
+@pytest.mark.slow
 def test_a_model_that_looks_at_future_tokens_is_refused_not_scored(tmp_path, small_data):
     peeking = BASELINE_TRAIN_PY.read_text().replace("is_causal=True", "is_causal=False")
     assert (

@@ -91,6 +91,7 @@ def test_a_liar_never_holds_the_head_and_nothing_it_claims_is_built_on():
 
 
 @pytest.mark.parametrize("membership", [False, True])
+@pytest.mark.slow
 def test_colluders_confirming_each_other_get_no_fake_into_the_final_lineage(membership):
     _, summary = _run(nodes=10, seed=4, hours=8.0, colluders=0.3, membership=membership,
                       stop_at_target=False)  # fmt: skip

@@ -35,6 +35,7 @@ def consensus_head(home: Path, baseline: str) -> str | None:
 
 
 @pytest.mark.sandbox  # a node runs peers' code only in the sandbox
+@pytest.mark.slow
 def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data, data_cache):
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
     campaign_file = tmp_path / "weak.campaign.json"

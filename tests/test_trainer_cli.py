@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def swarm(*args: str, cache=None, home=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
@@ -28,6 +30,7 @@ def test_help_lists_the_commands_and_each_command_shows_an_example():
         assert shown.returncode == 0 and "Example: swarm" in shown.stdout
 
 
+@pytest.mark.slow
 def test_a_user_mistake_is_one_line_and_a_nonzero_exit_code(tmp_path):
     import torch
 
@@ -44,6 +47,7 @@ def test_a_user_mistake_is_one_line_and_a_nonzero_exit_code(tmp_path):
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_run_json_reports_the_documented_keys_of_a_run_on_the_budget_asked_for(tmp_path, small_data, data_cache):
     done = swarm("run", "--profile", "test", "--seed", "2", "--budget", "32768", "--json", cache=data_cache,
                  home=tmp_path)
@@ -57,6 +61,7 @@ def test_run_json_reports_the_documented_keys_of_a_run_on_the_budget_asked_for(t
     assert (tmp_path / "runs").is_dir() and len(list((tmp_path / "runs").iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_run_shows_a_result_table_and_a_crash_exits_two(tmp_path, small_data, data_cache):
     ok = swarm("run", "--profile", "test", cache=data_cache, home=tmp_path)
     assert ok.returncode == 0 and "val_bpb" in ok.stdout and "experiment on profile test: ok" in ok.stdout

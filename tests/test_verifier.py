@@ -276,6 +276,7 @@ def test_verifier_reports_void_when_the_childs_rerun_is_voided(book, alice, bob,
     assert alice.peer_id in silenced(ledger_standing(book))  # at once
 
 
+@pytest.mark.slow
 def test_a_real_win_is_confirmed_by_a_peer_and_becomes_verified(
     book, alice, bob, tmp_path, small_data
 ):
@@ -347,6 +348,7 @@ def test_looks_add_up_a_gain_within_one_runs_noise_confirmed_and_none_refuted(
     assert [v["verdict"] for v in mine] == ["inconclusive", "confirm", "inconclusive", "refute"]
 
 
+@pytest.mark.slow
 def test_a_replay_of_the_authors_own_seed_finds_scores_edited_before_signing(
     book, alice, bob, tmp_path, small_data
 ):
