@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from node.agent.errors import ModelError, ProposalRefused, SpendingLimitReached
-from node.agent.llm import LLMProposer, build_messages, extract_change
+from node.agent.llm import LLMProposer, build_messages, extract_change, rules_text
 from node.agent.offline import OfflineProposer
 from node.agent.patch import apply_diff, change_hash, make_diff
 from node.agent.proposers import Attempt, Context, Proposal
@@ -337,12 +337,12 @@ def test_the_prompt_states_the_policy_checked_and_why_the_last_reply_was_refused
     old program.md text forbade, a torch submodule it allowed and the policy refuses), and the
     reply after a refused one is asked for with the reason."""
     _, user = build_messages(Context(BASELINE, PROGRAM, "cpu"))
-    assert policy.rules_text() in user["content"]
+    assert rules_text() in user["content"]
     assert "`functools`" in user["content"] and "`torch.utils`" not in user["content"]
     assert policy.check_source("import functools\n") == []
     assert policy.check_source("import torch.utils\n") != []
     for name in ("getattr", "load", "_foreach_"):
-        assert f"`{name}`" in policy.rules_text()
+        assert f"`{name}`" in rules_text()
     server = chat((200, "I would make the model wider."), (200, GOOD_REPLY))
     proposer = llm(server)
     with pytest.raises(ProposalRefused) as refused:

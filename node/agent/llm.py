@@ -13,7 +13,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from node.agent.errors import ModelError, PatchError, ProposalRefused, SpendingLimitReached
 from node.agent.patch import apply_diff, change_hash, check_source
 from node.agent.proposers import Context, Proposal
-from node.trainer.policy import rules_text
+from node.trainer import policy
 
 _FENCE = re.compile(
     r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S
@@ -84,7 +84,7 @@ def _description(prose: str) -> str:
 
 def build_messages(context: Context, refused: str | None = None) -> list[dict[str, str]]:
     """The chat: program.md as the system message; train.py, history, the policy's rules (from
-    `policy.rules_text`, the rules checked), why the last reply was refused (`refused`) and the
+    `rules_text`, the rules checked), why the last reply was refused (`refused`) and the
     task as the user's."""
     if context.history:
         lines = []
@@ -113,6 +113,27 @@ def build_messages(context: Context, refused: str | None = None) -> list[dict[st
     )
     return [{"role": "system", "content": context.program or "Improve train.py."},
             {"role": "user", "content": task}]  # fmt: skip
+
+
+def rules_text() -> str:
+    """The train.py policy in words, made from the sets `policy.check_source` applies, so that
+    what a model reads and what is checked cannot drift apart. (Here, not in the policy's file:
+    that file is part of the harness, whose hash every result carries.)"""
+
+    def listed(names: Iterable[str]) -> str:
+        return ", ".join(f"`{n}`" for n in sorted(names))
+
+    module, name = policy.HARNESS_IMPORT
+    return (
+        f"- Imports: only {listed(policy.ALLOWED_MODULES)} (no other module, nor a submodule not "
+        f"named here), and `from {module} import {name}`; no relative or `*` imports.\n"
+        f"- Never these names: {listed(policy.BANNED_NAMES)}.\n"
+        f"- Never these attributes: {listed(policy.BANNED_ATTRIBUTES)}.\n"
+        "- No private attribute (a name that starts with `_`) but those that start with "
+        f"{listed(policy.ALLOWED_PRIVATE_PREFIXES)}, no dunder but "
+        f"{listed(policy.ALLOWED_DUNDERS)}, and no string that is one of the names above.\n"
+        f"- At most {policy.MAX_BYTES:,} bytes and {policy.MAX_LINES:,} lines.\n"
+    )
 
 
 def _evidence(context: Context) -> str:

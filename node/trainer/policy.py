@@ -9,7 +9,6 @@ one layer: the sandbox contains what it misses. It reads source; it never import
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 MAX_BYTES = 64 * 1024  # a train.py larger than this is not one readable file
@@ -96,25 +95,6 @@ class Violation:
 
     def __str__(self) -> str:
         return f"line {self.line}: {self.rule}"
-
-
-def rules_text() -> str:
-    """The policy in words, made from the rules `check_source` applies: what a model proposing a
-    train.py is told, so that what it reads and what is checked cannot drift apart."""
-    def listed(names: Iterable[str]) -> str:
-        return ", ".join(f"`{n}`" for n in sorted(names))
-
-    return (
-        f"- Imports: only {listed(ALLOWED_MODULES)} (no other module, nor a submodule not named "
-        f"here), and `from {HARNESS_IMPORT[0]} import {HARNESS_IMPORT[1]}`; no relative or `*` "
-        "imports.\n"
-        f"- Never these names: {listed(BANNED_NAMES)}.\n"
-        f"- Never these attributes: {listed(BANNED_ATTRIBUTES)}.\n"
-        "- No private attribute (a name that starts with `_`) but those that start with "
-        f"{listed(ALLOWED_PRIVATE_PREFIXES)}, no dunder but {listed(ALLOWED_DUNDERS)}, and no "
-        "string that is one of the names above.\n"
-        f"- At most {MAX_BYTES:,} bytes and {MAX_LINES:,} lines.\n"
-    )
 
 
 def check_source(source: str) -> list[Violation]:
