@@ -236,8 +236,8 @@ def campaign_fact() -> wire.Fact:
 
 
 def hostile_plan(raw: Identity, colluder: Identity, fakes: list[str], win_raw: bytes) -> dict:
-    """What the raw hostile peer sends, signed here: a campaign fact of its own (quorum 64), the
-    colluder's confirmations of the fakes, forgeries of an honest claim, equivocations, facts
+    """What the raw hostile peer sends, signed here: a campaign fact of its own (quorum 64), an
+    invitation of the colluder, the colluder's confirmations of the fakes, forgeries of an honest claim, equivocations, facts
     from the future, replays, then a flood."""
     now = int(time.time() * 1000)
     impostor = wire.sign(raw, "campaign", CAMPAIGN, 2, wire.campaign_body(
@@ -259,8 +259,11 @@ def hostile_plan(raw: Identity, colluder: Identity, fakes: list[str], win_raw: b
     equivocations = [wire.sign(raw, "result", CAMPAIGN, 1, {**body, "seed": s}) for s in range(6)]
     future = [wire.sign(raw, "result", CAMPAIGN, 10 + s, body, now + 3_600_000) for s in range(6)]
     flood = [wire.sign(raw, "result", CAMPAIGN, 100 + s, body).raw for s in range(600)]
+    # An invitation of its colluder, which only the organiser may sign.
+    invitation = wire.sign(raw, "invitation", CAMPAIGN, 3, {"member": colluder.public_key}, now)
     publish = (
-        [impostor.raw] + confirm + forged + [f.raw for f in equivocations + future] + [win_raw] * 3
+        [impostor.raw, invitation.raw] + confirm + forged + [f.raw for f in equivocations + future]
+        + [win_raw] * 3
     )
     return {"seed": raw.seed.hex(), "publish": [m.hex() for m in publish],
             "flood": [m.hex() for m in flood]}  # fmt: skip
@@ -400,6 +403,7 @@ def test_byzantine_peers_lose_standing_and_adopt_nothing_while_honest_wins_are_a
     assert all(
         offences.get(r) for r in ("impostor", "bad_signature", "replay", "future_time", "flood")
     ), offences
+    assert offences["impostor"] >= 2, offences  # its campaign fact and its invitation
     for name in ("boot", "v1", "v2"):  # the forgeries used the honest author's name: no harm
         assert standing[ids[name].peer_id]["status"] == "good", standing[ids[name].peer_id]
 

@@ -337,6 +337,7 @@ def test_a_campaign_with_members_lists_them_signed_and_a_node_judges_by_its_comm
         assert book.rows("SELECT state, seeds FROM claims") == [{"state": "verified", "seeds": 4}]
 
 
+@pytest.mark.slow  # six swarm commands: about 13 s
 def test_the_organiser_invites_a_member_later_and_only_claims_made_since_count_its_looks(
     made, tmp_path, alice, bob, carol
 ):

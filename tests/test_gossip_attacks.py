@@ -16,6 +16,7 @@ from conftest import wait_until
 from test_gossip import CAMPAIGN, LOOPBACK, ROOT, Node
 
 ATTACK = ROOT / "scripts" / "attack_gossip.py"
+pytestmark = pytest.mark.slow  # each attack runs real nodes and an attacker for 7 to 40 s
 
 
 @pytest.fixture
