@@ -464,9 +464,10 @@ class _Peer:
 
 def measure(attack_args: list[str]) -> None:
     """Start a fresh `swarm peer` on loopback and an honest peer of it, let a fact flow each way,
-    run one attack on the first from another process, and print the node's RSS before, its peak (VmHWM) and after, in
-    MiB, whether it still serves, and how long a fact took each way between the two while the
-    attack ran (one from each side every 2 s; a round that took over 60 s is cut there)."""
+    run one attack on the first from another process, and print the node's RSS before, its peak
+    (VmHWM) and after, in MiB, whether it still serves, and how long a fact took each way
+    between the two while the attack ran (one from each side every 2 s; a round that took over
+    60 s is cut there)."""
     import statistics
     import subprocess
     import tempfile
