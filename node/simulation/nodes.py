@@ -18,7 +18,6 @@ import numpy as np
 from node import consensus, evidence, wire
 from node.agent.errors import ProposalRefused
 from node.agent.loop import Head, Step, research_step
-from node.agent.offline import share_of
 from node.agent.patch import diff_hash, make_diff, normalise_diff
 from node.agent.proposers import Context, Proposal
 from node.agent.researcher import Researcher
@@ -52,11 +51,7 @@ class SimProposer:
     def propose(self, context: Context) -> Proposal:
         ideas = land.parse(context.train_py)
         tried, known = context.tried_hashes, self.tried.setdefault(context.parent, set())
-        order = self.rng.permutation(land.IDEAS).tolist()
-        if context.me is not None:  # its share first, as the offline proposer does (`share_of`)
-            peers = context.active | {context.me}
-            order.sort(key=lambda k: share_of(f"{context.parent}:{k}", peers) != context.me)
-        for k in order:
+        for k in self.rng.permutation(land.IDEAS).tolist():
             if k in known:
                 continue
             known.add(k)
