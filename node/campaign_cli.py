@@ -148,11 +148,7 @@ def _invited(campaign, home: Path | None) -> list[str]:
     if not path.is_file():
         return []
     with Ledger(path, readonly=True) as ledger:
-        if ledger.schema_version < 5:
-            return []
-        rows = ledger.rows("SELECT DISTINCT member FROM invitations WHERE campaign = ? AND organiser = ? ORDER BY member",
-                           (campaign.name, campaign.organiser))
-    return [r["member"] for r in rows]
+        return [member for member, _ in ledger.invited(campaign.name, campaign.organiser)]
 
 
 @campaign_app.command("invite")

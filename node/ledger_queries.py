@@ -172,14 +172,21 @@ class LedgerQueries:
             rules = consensus.Rules(quorum, members=None if members is None else frozenset(members))
         else:
             rules = consensus.Rules.of(known, quorum, members)
-        if members is None or self.schema_version < 5:
+        if members is None:
             return rules
-        invited = self.rows(
+        return replace(rules, invited=self.invited(terms["name"], terms["organiser"]))
+
+    def invited(self, campaign: str, organiser: str | None) -> tuple[tuple[str, int], ...]:
+        """The members `organiser` invited into `campaign`, each with the time of its first
+        invitation, by peer id."""
+        if self.schema_version < 5:
+            return ()
+        rows = self.rows(
             "SELECT member, MIN(time) AS since FROM invitations WHERE campaign = ? AND organiser = ? "
             "GROUP BY member ORDER BY member",
-            (terms["name"], terms["organiser"]),
+            (campaign, organiser),
         )  # fmt: skip
-        return replace(rules, invited=tuple((r["member"], r["since"]) for r in invited))
+        return tuple((r["member"], r["since"]) for r in rows)
 
     def claim_rows(self, profile: str) -> tuple[list[dict], list[dict]]:
         """(kept results, verifications) of `profile`: every row the rule reads."""

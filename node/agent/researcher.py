@@ -590,22 +590,23 @@ class Researcher:
 
     def _drawn(self, claims: list) -> list:
         """The claims this node is drawn to judge at once: those whose committee it sits on
-        (`consensus.committee`, drawn from `_pool`). Nobody picks them, and they look in
+        (`consensus.committee`, drawn from the members or `_active`). Nobody picks them, and they look in
         parallel at the next step."""
         if not claims:
             return claims
-        size = self.ledger.rules(self.profile.name, self.quorum).committee_size
-        return [c for c in claims
-                if self.me.peer_id in consensus.committee(c["id"], c["author"], self._pool(c), size)]  # fmt: skip
+        rules = self.ledger.rules(self.profile.name, self.quorum)
+        active = self._active() if rules.members is None else None  # one query for them all
+        return [c for c in claims if self.me.peer_id in consensus.committee(
+                    c["id"], c["author"], active or rules.members_for(c), rules.committee_size)]  # fmt: skip
 
     def _replayer(self, claim: dict, seed: int | None = None) -> bool:
         """Whether this node is drawn to replay a seed of `claim`, its author's (None) or that
         of other peers' looks: the first of those drawn for the seed (`consensus.committee`,
-        from `_pool`, less the peers that reported it), and one more every ACTIVE_MS since the
+        from the members or `_active`, less the peers that reported it), and one more every ACTIVE_MS since the
         claim was made, so that one peer replays it and another steps in when that one left."""
         rules = self.ledger.rules(self.profile.name, self.quorum)
         waited = max(0, self.ledger.clock() - claim["time"]) // ACTIVE_MS
-        pool, key = self._pool(claim), claim["id"]
+        pool, key = rules.members_for(claim) or self._active(), claim["id"]
         if seed is not None:
             key = f"{claim['id']}:{seed}"
             reported = self.ledger.rows(
@@ -616,14 +617,11 @@ class Researcher:
         ranked = consensus.committee(key, claim["author"], pool, rules.committee_size)
         return self.me.peer_id in ranked[: 1 + waited]
 
-    def _pool(self, claim: dict) -> frozenset[str]:
-        """Whom `claim`'s committee is drawn from: the campaign's members (`Rules.members_for`),
-        or, in an open campaign, the peers active in the last ACTIVE_MS, this one included (so a
-        peer that left drops out of the draw within that time, and the next in rank takes its
-        place)."""
-        members = self.ledger.rules(self.profile.name, self.quorum).members_for(claim)
-        if members is not None:
-            return members
+    def _active(self) -> frozenset[str]:
+        """Whom a claim's committee is drawn from in an open campaign (in one with members, the
+        members: `Rules.members_for`): the peers active in the last ACTIVE_MS, this one included
+        (so a peer that left drops out of the draw within that time, and the next in rank takes
+        its place)."""
         rows = self.ledger.rows(
             "SELECT peer_id FROM peers WHERE last_seen >= ?", (self.ledger.clock() - ACTIVE_MS,)
         )
