@@ -285,7 +285,7 @@ def join_cmd(
     verify_every: Annotated[int, typer.Option("--verify-every", help="Every n-th experiment re-runs a peer's claim (0: never verify).")] = 4,
     listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
     data: DataOption = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seeds this node's proposals and runs.")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Orders the offline proposer's changes, the same for the same seed (default: drawn from this node's key).")] = None,
     sandbox: Annotated[bool, typer.Option("--sandbox/--no-sandbox", help="--no-sandbox runs peers' train.py unconfined: only in a group you trust.")] = True,
     trust: Annotated[list[str] | None, typer.Option("--trust", help="A peer id whose train.py this node runs when it has no sandbox (repeatable).")] = None,
     home: HomeOption = None,

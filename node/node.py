@@ -61,7 +61,7 @@ class NodeConfig:
     quorum: int = 1
     verify_every: int = 4
     gpus: str = "all"  # "all" or how many GPUs to use, one worker each
-    seed: int = 0
+    seed: int | None = None  # orders the offline proposer's changes; None: the node's key does
     sandbox: bool | None = None  # None: whenever available; False only when the user says so
     trust: list[str] = field(default_factory=list)  # peer ids whose code runs without a sandbox
 
@@ -250,7 +250,9 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, c
 
     home = Path(config.home)
     campaign = config.campaign_file
-    seed = config.seed * 1000 + index
+    identity = load_identity(home)
+    # Unless told a seed, a node walks the offline proposer's changes in an order of its key's.
+    seed = f"{identity.peer_id}:{index}" if config.seed is None else config.seed * 1000 + index
     if config.model:
         proposer = LLMProposer(config.model, config.api_base, config.max_cost_usd,
                                spent_path=home / "llm-spend.json")
@@ -264,7 +266,7 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, c
     try:
         with Ledger(ledger_path(home), campaign=config.campaign) as ledger:
             researcher = Researcher(
-                ledger, load_identity(home), proposer, profile, tokens, home / "runs" / f"worker-{index}",
+                ledger, identity, proposer, profile, tokens, home / "runs" / f"worker-{index}",
                 campaign.baseline if campaign else BASELINE_TRAIN_PY.read_text(), quorum=config.quorum,
                 program=campaign.program if campaign else _program_text(),
                 verify_every=config.verify_every, run=run,

@@ -424,6 +424,7 @@ def test_offline_proposers_of_sixteen_nodes_take_sixteen_shares_and_a_quiet_node
         return OfflineProposer(0).propose(context)
 
     assert len({first(None, []).source for _ in peers}) == 1  # the same seed: the same change
+    assert first(peers[0], []).source == first(None, []).source  # alone, its share is everything
     proposals = {p: first(p, peers) for p in peers}
     assert len({pr.source for pr in proposals.values()}) == 16
     for peer, proposal in proposals.items():
@@ -438,3 +439,7 @@ def test_offline_proposers_of_sixteen_nodes_take_sixteen_shares_and_a_quiet_node
              in OfflineProposer(0)._ordered(context) if "; " not in description]  # fmt: skip
     mine = [c for c in order if share_of(c, frozenset(peers[1:])) == heir]
     assert theirs in mine and order[: len(mine)] == mine  # its share, the inherited one too, first
+    seeds_order = [change_hash(BASELINE, child) for description, child
+                   in OfflineProposer(0).candidates(BASELINE, "cpu") if "; " not in description]  # fmt: skip
+    assert order == mine + [c for c in seeds_order if c not in mine]  # each part in the seed's order
+    assert mine == [c for c in seeds_order if c in mine]

@@ -213,14 +213,14 @@ def _rank(peer: str, change: str) -> bytes:
 class OfflineProposer:
     """Changes that need no model: each call gives the next untried one on the parent.
 
-    Given this node's peer id and the peers researching lately (`Context.me`, `.active`), it
-    proposes first the changes that are its share (`share_of`), then, with its own share done,
-    the others', each in an order of its own: sixteen nodes try sixteen different changes at
-    once, and a quiet node's share passes to the others. Without them, the order depends only
-    on the seed and the parent.
+    Its order depends only on the seed and the parent (a node seeds it with its key unless told
+    a seed, so two nodes walk two orders). Given this node's peer id and the peers researching
+    lately (`Context.me`, `.active`), it proposes first the changes that are its share
+    (`share_of`), then, with its own share done, the others', each in that order: sixteen nodes
+    try sixteen different changes at once, and a quiet node's share passes to the others.
     """
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int | str = 0) -> None:
         self.seed = seed
         self._proposed: set[tuple[str, str]] = set()  # (parent, change hash) given out already
 
@@ -245,23 +245,21 @@ class OfflineProposer:
             yield f"{a.description}; {b.description}", _with_lines(source, (a, b))
 
     def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
-        """The candidates in the order this node tries them: its share first, when it knows
-        itself and its peers; single steps before pairs either way."""
+        """The candidates in the seed's order, this node's share first when it knows itself and
+        its peers; single steps before pairs either way (`candidates` yields them so)."""
         candidates = self.candidates(context.train_py, context.profile)
         if context.me is None:
             yield from candidates
             return
         peers = context.active | {context.me}
-        singles, pairs = [], []
-        for description, child in candidates:
-            change = _change_hash(context.train_py, child)
-            mine = share_of(change, peers) == context.me
-            (pairs if "; " in description else singles).append(
-                (not mine, _rank(f"{context.me}:{self.seed}", change), description, child)
-            )
-        for group in (singles, pairs):
-            for *_, description, child in sorted(group):
-                yield description, child
+
+        def place(item: tuple[int, tuple[str, str]]) -> tuple[bool, bool, int]:
+            index, (description, child) = item
+            mine = share_of(_change_hash(context.train_py, child), peers) == context.me
+            return "; " in description, not mine, index
+
+        for _, candidate in sorted(enumerate(candidates), key=place):
+            yield candidate
 
     def propose(self, context: Context) -> Proposal:
         parent, tried = context.parent, context.tried_hashes
