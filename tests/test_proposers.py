@@ -398,6 +398,9 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
         context = context_from_ledger(book, NARROW_SOFTCAP, "test")
         assert context.lineage == () and context.refuted == ()  # no verified way leads there
         context = context_from_ledger(book, NARROW, "test")
+    # What was measured on the baseline, on the way here, is evidence for the proposers too.
+    assert {a.description for a in context.earlier} == {"a win", "Logit softcap 30"}
+    assert all(a.paired for a in context.earlier) and context.history == ()
     (step,) = context.lineage
     assert step.description == "a win" and step.by == alice.peer_id and step.seeds >= 3
     assert step.gain == pytest.approx(0.05, abs=0.01) and step.se >= 0
@@ -443,3 +446,38 @@ def test_offline_proposers_of_sixteen_nodes_take_sixteen_shares_and_a_quiet_node
                    in OfflineProposer(0).candidates(BASELINE, "cpu") if "; " not in description]  # fmt: skip
     assert order == mine + [c for c in seeds_order if c not in mine]  # each part in the seed's order
     assert mine == [c for c in seeds_order if c in mine]
+
+
+def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_its_lineage():
+    """A step down of HEAD_LR measured worse by a peer closes that way and opens the other: the
+    next proposals step it up and the steps down come last; a move verified on the way here
+    comes first again, a step further; a refuted one comes last."""
+    def order(**evidence) -> list[str]:
+        context = Context(BASELINE, PROGRAM, "test", **evidence)
+        return [d for d, _ in OfflineProposer(0)._ordered(context) if "; " not in d]
+
+    worse = Attempt("HEAD_LR 0.004 -> 0.002", "discard", 0.09, "h", "12D3KooWpeer", paired=(0.08, 0.1))
+    plain, told = order(), order(history=(worse,))
+    assert not plain[0].startswith("HEAD_LR")  # the seed's order does not start there
+    assert told[0].startswith("HEAD_LR 0.004 -> ") and float(told[0].split()[-1]) > 0.004
+    downs = [d for d in told if d.startswith("HEAD_LR 0.004 -> 0.00") and float(d.split()[-1]) < 0.004]
+    assert downs and told[-len(downs):] == downs  # the way the evidence closed, last
+    assert sorted(told) == sorted(plain)  # an order, nothing dropped
+
+    from node.agent.proposers import Judged
+    won = Judged("MATRIX_LR 0.028 -> 0.02", 0.03, 0.005, 4, "12D3KooWpeer")  # down won on the way
+    refuted = Judged("ADAM_BETAS[0] 0.9 -> 0.8", -0.02, 0.005, 4, "12D3KooWpeer")
+    led = order(lineage=(won,), refuted=(refuted,))
+    assert led[0].startswith("MATRIX_LR 0.02 -> ") and float(led[0].split()[-1]) < 0.02
+    assert led[-1].startswith("ADAM_BETAS[0] 0.8 -> ") and float(led[-1].split()[-1]) < 0.8
+    # A move measured on an earlier version of the way counts where this parent holds none.
+    before = Attempt("WARMDOWN 0.4 -> 0.2", "discard", None, "h3", "12D3KooWpeer", paired=(0.03, 0.05))
+    late = order(earlier=(before,))
+    assert late[0].startswith("WARMDOWN 0.4 -> ") and float(late[0].split()[-1]) > 0.4
+    here = Attempt("WARMDOWN 0.4 -> 0.28", "discard", None, "h4", "12D3KooWpeer", paired=(-0.02,))
+    overruled = order(earlier=(before,), history=(here,))
+    assert set(overruled[:2]) == {"WARMDOWN 0.4 -> 0.2", "WARMDOWN 0.4 -> 0.28"}  # its own first
+    # A pair of two favoured moves comes before the pairs of moves without evidence.
+    context = Context(BASELINE, PROGRAM, "test", lineage=(won,), history=(worse,))
+    first_pair = next(d for d, _ in OfflineProposer(0)._ordered(context) if "; " in d)
+    assert "MATRIX_LR" in first_pair and "HEAD_LR" in first_pair

@@ -1,7 +1,9 @@
-"""The offline proposer: seeded steps of train.py's CAPITAL constants and known-good edits.
+"""The offline proposer: steps of train.py's CAPITAL constants and known-good edits, in an
+order the swarm's evidence moves.
 
 It needs no network and no key, so a laptop without a model still contributes. Deterministic
-for a seed and a parent; it never proposes a change already tried on that parent.
+for a seed, a parent and what the ledger holds; it never proposes a change already tried on
+that parent, and tries first the moves that measured steps on it and on its lineage favour.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import functools
 import hashlib
 import itertools
 import random
+import re
+import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -199,6 +203,48 @@ def unread_constants(context: Context) -> set[str]:
     }  # fmt: skip
 
 
+_MOVE = re.compile(r"^(?P<name>.+?) (?P<old>[-+.0-9e]+) -> (?P<new>[-+.0-9e]+)(?: on the \w+ profile)?$")
+OPPOSITE_SHARE = 0.5  # of a measured step's effect, the opposite step is expected to have minus this
+
+
+def move(description: str) -> tuple[str, int] | None:
+    """(the constant, +1 up or -1 down) a single step's description names; None for a pair, an
+    edit, or a description of some other form (an LLM's)."""
+    found = _MOVE.match(description)
+    if not found:
+        return None
+    old, new = float(found["old"]), float(found["new"])
+    return (found["name"], 1 if new > old else -1) if new != old else None
+
+
+def expected_deltas(context: Context) -> dict[tuple[str, int], float]:
+    """What the swarm's evidence says each move (a constant, up or down) does to val_bpb on this
+    parent (negative is better), from every single step measured on it, by this node or a peer
+    (its mean paired difference), and from the steps verified or refuted on the way here (their
+    pooled gain: a move that won once is likely to win again a step further); for a move none
+    of those measured, from the single steps measured on the way's earlier versions. A move not
+    measured at all is expected to do the opposite of the move against it, by half (a constant
+    near its best sits in a valley: when down is worse, up is the way). Moves with no evidence
+    are absent."""
+    seen: dict[tuple[str, int], list[float]] = {}
+    for judged in (*context.lineage, *context.refuted):
+        if (m := move(judged.description)) is not None:
+            seen.setdefault(m, []).append(-judged.gain)
+    for attempt in context.history:
+        deltas = attempt.paired or (() if attempt.delta is None else (attempt.delta,))
+        if (m := move(attempt.description)) is not None and deltas:
+            seen.setdefault(m, []).append(statistics.fmean(deltas))
+    expected = {m: statistics.fmean(d) for m, d in seen.items()}
+    before: dict[tuple[str, int], list[float]] = {}
+    for attempt in context.earlier:
+        if (m := move(attempt.description)) is not None and m not in seen and attempt.paired:
+            before.setdefault(m, []).append(statistics.fmean(attempt.paired))
+    expected |= {m: statistics.fmean(d) for m, d in before.items()}
+    for (name, way), delta in list(expected.items()):
+        expected.setdefault((name, -way), -OPPOSITE_SHARE * delta)
+    return expected
+
+
 def share_of(change: str, peers: frozenset[str] | set[str]) -> str | None:
     """The peer whose share a change is: the one of `peers` that ranks it first by sha256 of
     its id and the change's hash (rendezvous hashing). Every node computes the same from the same
@@ -245,18 +291,21 @@ class OfflineProposer:
             yield f"{a.description}; {b.description}", _with_lines(source, (a, b))
 
     def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
-        """The candidates in the seed's order, this node's share first when it knows itself and
-        its peers; single steps before pairs either way (`candidates` yields them so)."""
+        """The candidates in the order this node tries them: single steps before pairs; this
+        node's share first when it knows itself and its peers; within each, the moves the
+        evidence favours first and those it disfavours last (`expected_deltas`; a pair, the sum
+        of its two), the rest in the seed's order."""
         candidates = self.candidates(context.train_py, context.profile)
-        if context.me is None:
-            yield from candidates
-            return
-        peers = context.active | {context.me}
+        peers = context.active | {context.me} if context.me else frozenset()
+        expected = expected_deltas(context)
 
-        def place(item: tuple[int, tuple[str, str]]) -> tuple[bool, bool, int]:
+        def place(item: tuple[int, tuple[str, str]]) -> tuple[bool, bool, float, int]:
             index, (description, child) = item
-            mine = share_of(_change_hash(context.train_py, child), peers) == context.me
-            return "; " in description, not mine, index
+            theirs = bool(peers) and (
+                share_of(_change_hash(context.train_py, child), peers) != context.me
+            )
+            guess = sum(expected.get(move(part), 0.0) for part in description.split("; "))
+            return "; " in description, theirs, guess, index
 
         for _, candidate in sorted(enumerate(candidates), key=place):
             yield candidate

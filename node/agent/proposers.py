@@ -60,6 +60,7 @@ class Context:
     refuted: tuple[Judged, ...] = ()  # changes refuted on the versions of that lineage
     me: str | None = None  # this node's peer id
     active: frozenset[str] = frozenset()  # peers that researched lately (published a result)
+    earlier: tuple[Attempt, ...] = ()  # experiments on the lineage's earlier versions, paired
 
     @property
     def parent(self) -> str:
@@ -122,28 +123,40 @@ def context_from_ledger(
         for r in rows[:limit]
     )  # fmt: skip
     tried = frozenset(r["diff_sha256"] for r in rows)
-    lineage, refuted = judged_on_the_way(ledger, parent, profile)
+    lineage, refuted, versions = judged_on_the_way(ledger, parent, profile)
+    marks = ", ".join("?" * len(versions))
+    earlier = tuple(
+        Attempt(r["description"], r["outcome"], None, r["diff_sha256"], r["author"], paired)
+        for r in ledger.rows(
+            "SELECT author, description, outcome, diff_sha256, child_scores, parent_scores "
+            f"FROM results WHERE parent IN ({marks}) AND profile = ? ORDER BY time DESC, id "
+            f"LIMIT {MAX_EARLIER}",
+            (*versions, profile),
+        ) if (paired := _paired(r))
+    )  # fmt: skip
     active = frozenset(
         r["author"] for r in ledger.rows(
             "SELECT DISTINCT author FROM results WHERE profile = ? AND time >= ?",
             (profile, ledger.clock() - ACTIVE_MS),
         )
     ) | ({me} if me else set())  # fmt: skip
-    return Context(train_py, program, profile, history, tried, lineage, refuted, me, active)
+    return Context(train_py, program, profile, history, tried, lineage, refuted, me, active, earlier)
 
 
 MAX_STEPS_SHOWN = 40  # verified steps a prompt carries, the latest
 MAX_REFUTED_SHOWN = 20
+MAX_EARLIER = 200  # experiments on the lineage's earlier versions a context carries, the latest
 
 
 def judged_on_the_way(
     ledger: Ledger, version: str, profile: str
-) -> tuple[tuple[Judged, ...], tuple[Judged, ...]]:
+) -> tuple[tuple[Judged, ...], tuple[Judged, ...], tuple[str, ...]]:
     """(the verified claims that lead from the baseline to `version`, first first; the claims
-    refuted on the versions of that way, best first): the swarm's evidence a proposer learns
-    from, each with its pooled gain and uncertainty, from the judgements the ledger keeps."""
+    refuted on the versions of that way, best first; the way's versions before `version`,
+    nearest first): the swarm's evidence a proposer learns from, each with its pooled gain and
+    uncertainty, from the judgements the ledger keeps."""
     if ledger.schema_version < 3:
-        return (), ()
+        return (), (), ()
     columns = "c.parent, c.gain, c.se, c.seeds, c.author, r.description"
     steps: list[Judged] = []
     versions, current = [version], version
@@ -164,7 +177,7 @@ def judged_on_the_way(
         f"AND c.profile = ? AND c.state = 'refuted' ORDER BY c.gain DESC, c.id LIMIT {MAX_REFUTED_SHOWN}",
         (*versions, profile),
     )  # fmt: skip
-    return tuple(reversed(steps)), tuple(_judged(r) for r in refuted)
+    return tuple(reversed(steps)), tuple(_judged(r) for r in refuted), tuple(versions[1:])
 
 
 def _judged(row: dict) -> Judged:
