@@ -35,9 +35,13 @@ def campaign_from_peer(home: Path, peers: list[str], sha256: str):
     if kept.is_file():
         return load_campaign(kept)
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise SwarmError(f"--campaign sha256:{sha256[:20]}...: expected 64 hex digits after sha256:")
+        raise SwarmError(
+            f"--campaign sha256:{sha256[:20]}...: expected 64 hex digits after sha256:"
+        )
     if not peers:
-        raise SwarmError("--campaign sha256:HASH needs --bootstrap: the peer that serves the campaign file")
+        raise SwarmError(
+            "--campaign sha256:HASH needs --bootstrap: the peer that serves the campaign file"
+        )
     errors = []
     for peer in peers:
         status_line(f"asking {peer} for campaign sha256:{sha256[:16]}... (up to a minute)")
@@ -49,7 +53,9 @@ def campaign_from_peer(home: Path, peers: list[str], sha256: str):
         campaign = parse_campaign(raw, f"campaign file from {peer}")
         kept.parent.mkdir(parents=True, exist_ok=True)
         kept.write_bytes(raw)
-        status_line(f"campaign {campaign.name} from {peer}, organised by {campaign.organiser}; kept in {kept}")
+        status_line(
+            f"campaign {campaign.name} from {peer}, organised by {campaign.organiser}; kept in {kept}"
+        )
         return campaign
     raise SwarmError("; ".join(errors))
 
@@ -61,25 +67,64 @@ def campaign_or_name(value: str):
     if Path(value).is_file():
         return load_campaign(value)
     if "/" in value or value.endswith(".json"):
-        raise SwarmError(f"no campaign file {value}: make one with `swarm campaign new`, or pass a campaign name")
+        raise SwarmError(
+            f"no campaign file {value}: make one with `swarm campaign new`, or pass a campaign name"
+        )
     return value
 
 
-campaign_app = typer.Typer(help="Campaign files: what a group researches together, signed by its organiser.",
-                           no_args_is_help=True)
+campaign_app = typer.Typer(
+    help="Campaign files: what a group researches together, signed by its organiser.",
+    no_args_is_help=True,
+)
 
 
 @campaign_app.command("new")
 def campaign_new(
-    name: Annotated[str, typer.Argument(help="The campaign's name: letters, digits, '-', '_' and '.'.")],
-    program: Annotated[Path, typer.Option("--program", help="The program.md the agents read (the research strategy).")],
-    profiles: Annotated[list[str], typer.Option("--profile", "-p", help="A profile the campaign runs on (repeatable).")],
-    quorum: Annotated[int, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted.")] = 1,
-    baseline: Annotated[Path | None, typer.Option("--baseline", help="The train.py every lineage starts from (default: the built-in one).")] = None,
+    name: Annotated[
+        str, typer.Argument(help="The campaign's name: letters, digits, '-', '_' and '.'.")
+    ],
+    program: Annotated[
+        Path,
+        typer.Option("--program", help="The program.md the agents read (the research strategy)."),
+    ],
+    profiles: Annotated[
+        list[str],
+        typer.Option("--profile", "-p", help="A profile the campaign runs on (repeatable)."),
+    ],
+    quorum: Annotated[
+        int,
+        typer.Option(
+            "--quorum", help="Distinct confirmers other than the author before a win is adopted."
+        ),
+    ] = 1,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            "--baseline", help="The train.py every lineage starts from (default: the built-in one)."
+        ),
+    ] = None,
     data: DataOption = None,
-    budget: Annotated[list[str] | None, typer.Option("--budget", help="PROFILE=TOKENS: another training budget for a profile (repeatable; default: the profile's).")] = None,
-    members: Annotated[Path | None, typer.Option("--members", help="A file of member peer ids, one per line: only members verify, on committees drawn by hash (default: an open campaign, where any key counts).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Where to write the campaign file (default: NAME.campaign.json).")] = None,
+    budget: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--budget",
+            help="PROFILE=TOKENS: another training budget for a profile (repeatable; default: the profile's).",
+        ),
+    ] = None,
+    members: Annotated[
+        Path | None,
+        typer.Option(
+            "--members",
+            help="A file of member peer ids, one per line: only members verify, on committees drawn by hash (default: an open campaign, where any key counts).",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Where to write the campaign file (default: NAME.campaign.json)."
+        ),
+    ] = None,
     home: HomeOption = None,
 ) -> None:
     """Write a campaign file signed by this node's key: name, program.md, baseline train.py, data hashes, budgets, quorum.
@@ -117,25 +162,39 @@ def campaign_new(
     for entry in budget or []:
         name_, _, tokens_ = entry.partition("=")
         if name_ not in profiles or not tokens_.isdigit() or int(tokens_) < 1:
-            raise SwarmError(f"--budget {entry!r}: expected PROFILE=TOKENS for one of the --profile values, "
-                             "e.g. --budget cpu=393216")
+            raise SwarmError(
+                f"--budget {entry!r}: expected PROFILE=TOKENS for one of the --profile values, "
+                "e.g. --budget cpu=393216"
+            )
         budgets[name_] = int(tokens_)
     pins: dict[str, str] = {}
     for profile in dict.fromkeys(profiles):
         home_dir, prof, tokens = prepare(profile, data, home)
         pinned = budgets.get(prof.name, prof.budget_tokens)
-        if warning := budget_warning(prof.name, pinned, tokens.manifest, f"--budget {prof.name}={{budget}}"):
+        if warning := budget_warning(
+            prof.name, pinned, tokens.manifest, f"--budget {prof.name}={{budget}}"
+        ):
             err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
         pins.update(data_pins(prof.name, prof.data, tokens.manifest, pinned))
     me = load_identity(home_dir)
-    body = campaign_body(me, name, texts["program"], texts["baseline"], list(dict.fromkeys(profiles)), quorum, pins,
-                         listed)
+    body = campaign_body(
+        me,
+        name,
+        texts["program"],
+        texts["baseline"],
+        list(dict.fromkeys(profiles)),
+        quorum,
+        pins,
+        listed,
+    )
     with Ledger(ledger_path(home_dir), campaign=name) as ledger:
         fact = ledger.publish(me, "campaign", body)
     campaign = make_campaign(fact, texts["program"], texts["baseline"])
     target = out or Path(f"{name}.campaign.json")
     target.write_bytes(campaign.to_bytes())
-    console.print(f"campaign {name}: {target} (sha256 {campaign.sha256[:16]}), signed by {campaign.organiser}")
+    console.print(
+        f"campaign {name}: {target} (sha256 {campaign.sha256[:16]}), signed by {campaign.organiser}"
+    )
     console.print(f"members join with: swarm join --campaign {target} --bootstrap ADDR")
 
 
@@ -154,7 +213,9 @@ def _invited(campaign, home: Path | None) -> list[str]:
 @campaign_app.command("invite")
 def campaign_invite(
     file: Annotated[Path, typer.Argument(help="The campaign file (one with members).")],
-    peers: Annotated[list[str], typer.Argument(help="The peer ids to invite, as `swarm keys show` prints them.")],
+    peers: Annotated[
+        list[str], typer.Argument(help="The peer ids to invite, as `swarm keys show` prints them.")
+    ],
     home: HomeOption = None,
 ) -> None:
     """Make peers members of a campaign after its file was made: an invitation signed by the organiser's key.
@@ -193,16 +254,24 @@ def campaign_show(
     from node.campaign import load_campaign
 
     campaign = load_campaign(file)
-    info = {"name": campaign.name, "organiser": campaign.organiser, "quorum": campaign.quorum,
-            "profiles": campaign.profiles, "baseline": campaign.baseline_sha256,
-            "program_sha256": campaign.fact.body["program_sha256"], "data": campaign.fact.body["data"],
-            "members": campaign.members if campaign.members is not None else "open: any key counts",
-            **({} if campaign.members is None else {"invited": _invited(campaign, home)}),
-            "sha256": campaign.sha256}
+    info = {
+        "name": campaign.name,
+        "organiser": campaign.organiser,
+        "quorum": campaign.quorum,
+        "profiles": campaign.profiles,
+        "baseline": campaign.baseline_sha256,
+        "program_sha256": campaign.fact.body["program_sha256"],
+        "data": campaign.fact.body["data"],
+        "members": campaign.members if campaign.members is not None else "open: any key counts",
+        **({} if campaign.members is None else {"invited": _invited(campaign, home)}),
+        "sha256": campaign.sha256,
+    }
     if as_json:
         print(json.dumps(info))
         return
-    table = Table(title=f"campaign {campaign.name} (signature and hashes check out)", show_header=False)
+    table = Table(
+        title=f"campaign {campaign.name} (signature and hashes check out)", show_header=False
+    )
     for key, value in info.items():
         shown = json.dumps(value) if isinstance(value, (list, dict)) else value
         table.add_row(key, safe_text(shown))  # an organiser's words, e.g. in `data`

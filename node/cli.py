@@ -49,13 +49,20 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(ledger_app, name="ledger")
 
 
-data_app = typer.Typer(help="The corpus, tokenizer and token shards a profile trains on (built once, then cached).", no_args_is_help=True)
+data_app = typer.Typer(
+    help="The corpus, tokenizer and token shards a profile trains on (built once, then cached).",
+    no_args_is_help=True,
+)
 app.add_typer(data_app, name="data")
 
 
 @data_app.command("build")
-def data_build(profile: ProfileOption = "cpu", data: DataOption = None, home: HomeOption = None,
-               as_json: JsonOption = False) -> None:
+def data_build(
+    profile: ProfileOption = "cpu",
+    data: DataOption = None,
+    home: HomeOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Build (or find in the cache) the data a profile trains on.
 
     Example: swarm data build --profile cpu
@@ -74,13 +81,27 @@ def data_build(profile: ProfileOption = "cpu", data: DataOption = None, home: Ho
 @app.command("run")
 def run(
     profile: ProfileOption = "cpu",
-    train_py: Annotated[Path | None, typer.Option("--train-py", help="The train.py to run (default: the baseline).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for the model's initialisation and the data order.")] = 0,
+    train_py: Annotated[
+        Path | None, typer.Option("--train-py", help="The train.py to run (default: the baseline).")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed for the model's initialisation and the data order.")
+    ] = 0,
     data: DataOption = None,
-    budget: Annotated[int | None, typer.Option(
-        "--budget", help="Training tokens instead of the profile's budget (a result at another budget compares with no other).")] = None,
-    sandbox: Annotated[bool | None, typer.Option(
-        "--sandbox/--no-sandbox", help="Run train.py in bubblewrap (default: whenever it is installed).")] = None,
+    budget: Annotated[
+        int | None,
+        typer.Option(
+            "--budget",
+            help="Training tokens instead of the profile's budget (a result at another budget compares with no other).",
+        ),
+    ] = None,
+    sandbox: Annotated[
+        bool | None,
+        typer.Option(
+            "--sandbox/--no-sandbox",
+            help="Run train.py in bubblewrap (default: whenever it is installed).",
+        ),
+    ] = None,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -89,7 +110,9 @@ def run(
     Example: swarm run --profile cpu --train-py my_train.py --seed 1
     """
     if budget is not None and budget < 1:
-        raise SwarmError(f"--budget {budget}: expected a positive number of training tokens, e.g. --budget 32768")
+        raise SwarmError(
+            f"--budget {budget}: expected a positive number of training tokens, e.g. --budget 32768"
+        )
     from node.campaign import budget_warning
     from node.home import compiled_dir
     from node.trainer import BASELINE_TRAIN_PY, run_experiment
@@ -101,8 +124,11 @@ def run(
     from node.trainer.sandbox import sandbox_available
 
     if sandbox is None and not sandbox_available():
-        err_console.print("[yellow]warning:[/] no sandbox (bubblewrap) on this machine: train.py runs "
-                          "unconfined; run only code you trust", highlight=False)
+        err_console.print(
+            "[yellow]warning:[/] no sandbox (bubblewrap) on this machine: train.py runs "
+            "unconfined; run only code you trust",
+            highlight=False,
+        )
     from node.trainer import get_profile
     from node.trainer.runner import require_device
 
@@ -110,11 +136,19 @@ def run(
     home_dir, prof, tokens = prepare(profile, data, home)
     if budget is not None:
         prof = dataclasses.replace(prof, budget_tokens=budget)
-    if warning := budget_warning(prof.name, prof.budget_tokens, tokens.manifest, "--budget {budget}"):
+    if warning := budget_warning(
+        prof.name, prof.budget_tokens, tokens.manifest, "--budget {budget}"
+    ):
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     run_dir = home_dir / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{prof.name}-{os.getpid()}"
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
         task = bar.add_task(f"{prof.name}: starting", total=1.0, info="")
 
         plain, last = not err_console.is_terminal, [0.0]  # piped or logged: a line every 10 s
@@ -125,7 +159,12 @@ def run(
                 status_line(f"{prof.name}: scoring")
             if name == "progress":
                 info = f"step {event['steps']}  {event['tokens'] / 1e6:.2f} M tokens"
-                bar.update(task, description=f"{prof.name}: training", completed=event["progress"], info=info)
+                bar.update(
+                    task,
+                    description=f"{prof.name}: training",
+                    completed=event["progress"],
+                    info=info,
+                )
                 if plain and time.monotonic() - last[0] >= 10:
                     last[0] = time.monotonic()
                     status_line(f"{prof.name}: training {event['progress']:.0%}, {info}")
@@ -135,8 +174,16 @@ def run(
                 bar.update(task, description=f"{prof.name}: evaluating", completed=1.0, info="")
 
         # The node's compiled kernels are lent; only the node's own trusted runs add to them.
-        result = run_experiment(script, prof, tokens, run_dir, seed=seed, on_event=show, sandbox=sandbox,
-                                compile_cache=CompileCache(compiled_dir(home_dir)))
+        result = run_experiment(
+            script,
+            prof,
+            tokens,
+            run_dir,
+            seed=seed,
+            on_event=show,
+            sandbox=sandbox,
+            compile_cache=CompileCache(compiled_dir(home_dir)),
+        )
     if as_json:
         print(json.dumps(result.as_dict()))
     else:
@@ -146,11 +193,17 @@ def run(
 
 
 def _print_result(result) -> None:
-    table = Table(title=f"experiment on profile {result.profile}: {result.outcome}", show_header=False)
+    table = Table(
+        title=f"experiment on profile {result.profile}: {result.outcome}", show_header=False
+    )
     rows = [
         ("val_bpb", f"{result.val_bpb:.4f}" if result.val_bpb is not None else "-"),
         ("steps", f"{result.steps:,}"),
-        ("tokens", f"{result.tokens:,}" + (f" (budget {result.budget_tokens:,})" if result.budget_tokens else "")),
+        (
+            "tokens",
+            f"{result.tokens:,}"
+            + (f" (budget {result.budget_tokens:,})" if result.budget_tokens else ""),
+        ),
         ("tokens/s", f"{result.tokens_per_second:,.0f}" if result.tokens_per_second else "-"),
         ("train seconds", f"{result.train_seconds:.1f}"),
         ("total seconds", f"{result.total_seconds:.1f}"),
@@ -178,10 +231,22 @@ def _print_result(result) -> None:
 
 @app.command("report")
 def report_cmd(
-    out: Annotated[Path, typer.Option("--out", help="Folder for report.png and report.html (created if missing).")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="Folder for report.png and report.html (created if missing)."),
+    ],
     home: HomeOption = None,
-    db: Annotated[Path | None, typer.Option("--db", help="A ledger file to read instead of HOME/ledger.db.")] = None,
-    quorum: Annotated[int | None, typer.Option("--quorum", min=1, help="Confirmations that verify a win (default: the campaign's, else 1).")] = None,
+    db: Annotated[
+        Path | None, typer.Option("--db", help="A ledger file to read instead of HOME/ledger.db.")
+    ] = None,
+    quorum: Annotated[
+        int | None,
+        typer.Option(
+            "--quorum",
+            min=1,
+            help="Confirmations that verify a win (default: the campaign's, else 1).",
+        ),
+    ] = None,
 ) -> None:
     """Write a plot and a self-contained web page of what the swarm tried, from the ledger (read-only).
 
@@ -200,13 +265,25 @@ def report_cmd(
 
 # ---------------------------------------------------------------- gossip: bootstrap, peer, peers
 
-ListenOption = Annotated[str, typer.Option("--listen", help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (tcp/0: any free port).")]
+ListenOption = Annotated[
+    str,
+    typer.Option(
+        "--listen",
+        help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (tcp/0: any free port).",
+    ),
+]
 
 
 @app.command("bootstrap")
 def bootstrap_cmd(
     listen: ListenOption = "/ip4/0.0.0.0/tcp/4001",
-    campaign: Annotated[str | None, typer.Option("--campaign", help="Also relay and store this campaign's facts: its name, or its campaign file, which the bootstrap then serves to newcomers.")] = None,
+    campaign: Annotated[
+        str | None,
+        typer.Option(
+            "--campaign",
+            help="Also relay and store this campaign's facts: its name, or its campaign file, which the bootstrap then serves to newcomers.",
+        ),
+    ] = None,
     home: HomeOption = None,
 ) -> None:
     """Run a bootstrap peer: a stable address that newcomers dial first. It trains nothing.
@@ -227,19 +304,38 @@ def bootstrap_cmd(
             ledger.set_terms(spec.terms)  # its standing judges by the file's quorum and members
             ledger.ingest(spec.fact.raw)
             ledger.add_version(spec.to_bytes())  # served by hash, like a train.py
-        status_line(f"serving campaign {spec.name}: newcomers run swarm join --bootstrap <address below> "
-                     f"--campaign sha256:{spec.sha256}")
+        status_line(
+            f"serving campaign {spec.name}: newcomers run swarm join --bootstrap <address below> "
+            f"--campaign sha256:{spec.sha256}"
+        )
         campaign = spec.name
     run_bootstrap(listen, home_dir, campaign, stop=_stop_on_signal())
 
 
 @app.command("peer")
 def peer_cmd(
-    campaign: Annotated[str, typer.Option("--campaign", help="The campaign whose facts to gossip.")],
-    bootstrap: Annotated[list[str] | None, typer.Option("--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable).")] = None,
+    campaign: Annotated[
+        str, typer.Option("--campaign", help="The campaign whose facts to gossip.")
+    ],
+    bootstrap: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable)."
+        ),
+    ] = None,
     listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
-    publish_every: Annotated[float, typer.Option("--publish-every", help="Publish a synthetic result every SECONDS (tests, benchmarks).")] = 0.0,
-    publish_count: Annotated[int, typer.Option("--publish-count", help="Stop after this many synthetic results (0: no limit).")] = 0,
+    publish_every: Annotated[
+        float,
+        typer.Option(
+            "--publish-every", help="Publish a synthetic result every SECONDS (tests, benchmarks)."
+        ),
+    ] = 0.0,
+    publish_count: Annotated[
+        int,
+        typer.Option(
+            "--publish-count", help="Stop after this many synthetic results (0: no limit)."
+        ),
+    ] = 0,
     home: HomeOption = None,
 ) -> None:
     """Run a gossiping node without training: find peers, sync, relay and store facts.
@@ -253,9 +349,18 @@ def peer_cmd(
     from node.home import resolve_home
 
     peers = bootstrap_addrs(bootstrap or [])
-    run_peer(GossipConfig(home=resolve_home(home), listen=listen, bootstrap=peers, campaign=campaign,
-                          publish_every=publish_every, publish_count=publish_count),
-             say=status_line, stop=_stop_on_signal())
+    run_peer(
+        GossipConfig(
+            home=resolve_home(home),
+            listen=listen,
+            bootstrap=peers,
+            campaign=campaign,
+            publish_every=publish_every,
+            publish_count=publish_count,
+        ),
+        say=status_line,
+        stop=_stop_on_signal(),
+    )
 
 
 def _stop_on_signal():
@@ -274,20 +379,79 @@ app.command("peers")(peers_cmd)  # `swarm peers` and `swarm status`: node/status
 
 @app.command("join")
 def join_cmd(
-    bootstrap: Annotated[list[str] | None, typer.Option("--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable).")] = None,
+    bootstrap: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable)."
+        ),
+    ] = None,
     profile: ProfileOption = "cpu",
-    model: Annotated[str | None, typer.Option("--model", help="An LLM through litellm, e.g. anthropic/claude-sonnet-4-5 or openai/NAME; default: the offline proposer.")] = None,
-    api_base: Annotated[str | None, typer.Option("--api-base", help="A local OpenAI-style server, e.g. http://127.0.0.1:11434/v1 (Ollama, vLLM).")] = None,
-    max_cost: Annotated[float, typer.Option("--max-cost", help="Dollars this node may spend on the model, in all.")] = 5.0,
-    campaign: Annotated[str, typer.Option("--campaign", help="A campaign file (swarm campaign new), or a name for a campaign on the built-in baseline; nodes of other campaigns never mix facts.")] = "default",
-    quorum: Annotated[int | None, typer.Option("--quorum", help="Distinct confirmers other than the author before a win is adopted (default: the campaign file's, else 1).")] = None,
-    gpus: Annotated[str, typer.Option("--gpus", help="'all' or how many GPUs to use: two research workers each, taking turns.")] = "all",
-    verify_every: Annotated[int, typer.Option("--verify-every", help="Every n-th experiment re-runs a peer's claim (0: never verify).")] = 4,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="An LLM through litellm, e.g. anthropic/claude-sonnet-4-5 or openai/NAME; default: the offline proposer.",
+        ),
+    ] = None,
+    api_base: Annotated[
+        str | None,
+        typer.Option(
+            "--api-base",
+            help="A local OpenAI-style server, e.g. http://127.0.0.1:11434/v1 (Ollama, vLLM).",
+        ),
+    ] = None,
+    max_cost: Annotated[
+        float, typer.Option("--max-cost", help="Dollars this node may spend on the model, in all.")
+    ] = 5.0,
+    campaign: Annotated[
+        str,
+        typer.Option(
+            "--campaign",
+            help="A campaign file (swarm campaign new), or a name for a campaign on the built-in baseline; nodes of other campaigns never mix facts.",
+        ),
+    ] = "default",
+    quorum: Annotated[
+        int | None,
+        typer.Option(
+            "--quorum",
+            help="Distinct confirmers other than the author before a win is adopted (default: the campaign file's, else 1).",
+        ),
+    ] = None,
+    gpus: Annotated[
+        str,
+        typer.Option(
+            "--gpus", help="'all' or how many GPUs to use: two research workers each, taking turns."
+        ),
+    ] = "all",
+    verify_every: Annotated[
+        int,
+        typer.Option(
+            "--verify-every", help="Every n-th experiment re-runs a peer's claim (0: never verify)."
+        ),
+    ] = 4,
     listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
     data: DataOption = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Orders the offline proposer's changes, the same for the same seed (default: drawn from this node's key).")] = None,
-    sandbox: Annotated[bool, typer.Option("--sandbox/--no-sandbox", help="--no-sandbox runs peers' train.py unconfined: only in a group you trust.")] = True,
-    trust: Annotated[list[str] | None, typer.Option("--trust", help="A peer id whose train.py this node runs when it has no sandbox (repeatable).")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed",
+            help="Orders the offline proposer's changes, the same for the same seed (default: drawn from this node's key).",
+        ),
+    ] = None,
+    sandbox: Annotated[
+        bool,
+        typer.Option(
+            "--sandbox/--no-sandbox",
+            help="--no-sandbox runs peers' train.py unconfined: only in a group you trust.",
+        ),
+    ] = True,
+    trust: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--trust",
+            help="A peer id whose train.py this node runs when it has no sandbox (repeatable).",
+        ),
+    ] = None,
     home: HomeOption = None,
 ) -> None:
     """Join the swarm and research until Ctrl-C: propose, run, verify peers' claims, adopt verified wins.
@@ -316,12 +480,27 @@ def join_cmd(
     if isinstance(spec, str) and quorum is None:
         quorum = 1
     if not isinstance(spec, str) and quorum is not None and quorum != spec.quorum:
-        raise SwarmError(f"campaign {spec.name} sets quorum {spec.quorum}: leave out --quorum {quorum}")
-    config = NodeConfig(home=home_dir, bootstrap=bootstrap, listen=listen, profile=profile,
-                        data=data, campaign=spec if isinstance(spec, str) else spec.name,
-                        campaign_file=None if isinstance(spec, str) else spec, model=model, api_base=api_base,
-                        max_cost_usd=max_cost, quorum=quorum or spec.quorum, gpus=gpus, seed=seed,
-                        verify_every=verify_every, trust=trusted, sandbox=None if sandbox else False)
+        raise SwarmError(
+            f"campaign {spec.name} sets quorum {spec.quorum}: leave out --quorum {quorum}"
+        )
+    config = NodeConfig(
+        home=home_dir,
+        bootstrap=bootstrap,
+        listen=listen,
+        profile=profile,
+        data=data,
+        campaign=spec if isinstance(spec, str) else spec.name,
+        campaign_file=None if isinstance(spec, str) else spec,
+        model=model,
+        api_base=api_base,
+        max_cost_usd=max_cost,
+        quorum=quorum or spec.quorum,
+        gpus=gpus,
+        seed=seed,
+        verify_every=verify_every,
+        trust=trusted,
+        sandbox=None if sandbox else False,
+    )
     run_node(config, say=status_line)
 
 
@@ -332,27 +511,51 @@ def _peer_ids(values: list[str]) -> list[str]:
         try:
             public_key_from_peer_id(value)
         except (IdentityError, ValueError):
-            raise SwarmError(f"--trust {value[:60]}: not a peer id (12D3KooW...); `swarm keys show` prints one") from None
+            raise SwarmError(
+                f"--trust {value[:60]}: not a peer id (12D3KooW...); `swarm keys show` prints one"
+            ) from None
     return values
 
 
 app.command("status")(status_cmd)
 
 
-app.add_typer(campaign_app, name="campaign")  # `swarm campaign new|invite|show`: node/campaign_cli.py
+app.add_typer(
+    campaign_app, name="campaign"
+)  # `swarm campaign new|invite|show`: node/campaign_cli.py
 
 
 @app.command("local")
 def local_cmd(
     nodes: Annotated[int, typer.Option("--nodes", help="How many research nodes to start.")] = 3,
-    minutes: Annotated[float, typer.Option("--minutes", help="How long the swarm runs before it stops and reports.")] = 10.0,
+    minutes: Annotated[
+        float,
+        typer.Option("--minutes", help="How long the swarm runs before it stops and reports."),
+    ] = 10.0,
     profile: ProfileOption = "cpu",
-    campaign: Annotated[str, typer.Option("--campaign", help="A campaign file, or a campaign name (default: local).")] = "local",
-    model: Annotated[str | None, typer.Option("--model", help="An LLM through litellm for every node; default: the offline proposer.")] = None,
-    api_base: Annotated[str | None, typer.Option("--api-base", help="A local OpenAI-style server for --model.")] = None,
+    campaign: Annotated[
+        str,
+        typer.Option("--campaign", help="A campaign file, or a campaign name (default: local)."),
+    ] = "local",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="An LLM through litellm for every node; default: the offline proposer."
+        ),
+    ] = None,
+    api_base: Annotated[
+        str | None, typer.Option("--api-base", help="A local OpenAI-style server for --model.")
+    ] = None,
     data: DataOption = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Forget the earlier local swarm's ledgers first (default: resume them).")] = False,
-    sandbox: Annotated[bool, typer.Option("--sandbox/--no-sandbox", help="--no-sandbox runs train.py unconfined.")] = True,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh", help="Forget the earlier local swarm's ledgers first (default: resume them)."
+        ),
+    ] = False,
+    sandbox: Annotated[
+        bool, typer.Option("--sandbox/--no-sandbox", help="--no-sandbox runs train.py unconfined.")
+    ] = True,
     home: HomeOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -384,8 +587,11 @@ def local_cmd(
         from rich.live import Live
 
         with Live(console=console, refresh_per_second=2) as live:
-            result = run_local(swarm, lambda line: live.console.print(line, markup=False, highlight=False),
-                               lambda rows, left, recent: live.update(status_table(rows, left, recent)))
+            result = run_local(
+                swarm,
+                lambda line: live.console.print(line, markup=False, highlight=False),
+                lambda rows, left, recent: live.update(status_table(rows, left, recent)),
+            )
     else:  # a log, not a terminal: each event as it happens, and the nodes' state every 30 s
         last = [0.0]
 
@@ -416,7 +622,9 @@ def main() -> None:
         sys.exit(0)
     except UsageError as exc:  # a mistyped command or option: one line, not a box
         where = f"`{exc.ctx.command_path} --help`" if exc.ctx else "`swarm --help`"
-        err_console.print(f"[bold red]error:[/] {exc.format_message()} (see {where})", highlight=False)
+        err_console.print(
+            f"[bold red]error:[/] {exc.format_message()} (see {where})", highlight=False
+        )
         sys.exit(2)
     except typer.Abort:
         err_console.print("interrupted")

@@ -19,15 +19,29 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 HomeOption = Annotated[
     Path | None,
-    typer.Option("--home", help="Node home (key, ledger, runs). Env SWARM_HOME; default ~/.research-swarm."),
+    typer.Option(
+        "--home", help="Node home (key, ledger, runs). Env SWARM_HOME; default ~/.research-swarm."
+    ),
 ]
 
-ProfileOption = Annotated[str, typer.Option("--profile", "-p", help="test (seconds), demo (about 20 s of training), cpu (about 2 minutes), gpu (300 s on one CUDA GPU).")]
+ProfileOption = Annotated[
+    str,
+    typer.Option(
+        "--profile",
+        "-p",
+        help="test (seconds), demo (about 20 s of training), cpu (about 2 minutes), gpu (300 s on one CUDA GPU).",
+    ),
+]
 DataOption = Annotated[
     str | None,
-    typer.Option("--data", help="Replace the profile's data: embedded:default, embedded:small, web:fineweb-edu or urls:FILE."),
+    typer.Option(
+        "--data",
+        help="Replace the profile's data: embedded:default, embedded:small, web:fineweb-edu or urls:FILE.",
+    ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object instead of tables.")
+]
 
 
 def status_line(message: str) -> None:
@@ -39,6 +53,7 @@ def prepare(profile_name: str, data: str | None, home: Path | None):
     """(home, profile, its data): the data built on first use, with progress on stderr."""
     from node.home import data_dir, resolve_home
     from node.trainer import get_profile, prepare_data
+
     home_dir = resolve_home(home)
     profile = get_profile(profile_name, data)
     return home_dir, profile, prepare_data(profile, data_dir(home_dir), status_line)

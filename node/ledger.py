@@ -361,7 +361,13 @@ class Ledger(LedgerQueries):
         elif fact.kind == "invitation":
             conn.execute(
                 "INSERT INTO invitations VALUES (?, ?, ?, ?, ?)",
-                (fact.id, fact.campaign, author, peer_id_from_public_key(body["member"]), fact.time),
+                (
+                    fact.id,
+                    fact.campaign,
+                    author,
+                    peer_id_from_public_key(body["member"]),
+                    fact.time,
+                ),
             )
             # Claims made since the invitation are drawn from the members with the invitee.
             made = conn.execute(

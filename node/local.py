@@ -94,11 +94,19 @@ class LocalSwarm:
     def failed(self) -> list[str]:
         """A line for each process that ended on its own (it should run until stopped)."""
         out = []
-        for proc, home in zip(self.processes, [self.root / "bootstrap", *self.node_homes()], strict=False):
+        for proc, home in zip(
+            self.processes, [self.root / "bootstrap", *self.node_homes()], strict=False
+        ):
             if proc.poll() is not None:
                 log = home / ("bootstrap.log" if home.name == "bootstrap" else "node.log")
-                tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-                out.append(f"{home.name} exited ({proc.returncode}): {' '.join(tail)[:200]} (see {log})")
+                tail = (
+                    log.read_text(errors="replace").strip().splitlines()[-1:]
+                    if log.exists()
+                    else []
+                )
+                out.append(
+                    f"{home.name} exited ({proc.returncode}): {' '.join(tail)[:200]} (see {log})"
+                )
         return out
 
     def stop(self) -> list[int | None]:

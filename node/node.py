@@ -39,7 +39,9 @@ STATUS_DIR = "status"  # HOME/status/worker-N.json, written by each worker as it
 IDLE_AFTER_REFUSALS = 3  # refused steps in a row before a worker waits for news
 IDLE_SECONDS = 30.0
 WORKERS_PER_GPU = 2  # research workers a GPU: one run starts up while the other trains
-STALE_SECONDS = 60.0  # a gossip status unwritten this long: its node stopped (it writes every second)
+STALE_SECONDS = (
+    60.0  # a gossip status unwritten this long: its node stopped (it writes every second)
+)
 
 
 class NodeError(SwarmError):
@@ -54,7 +56,9 @@ class NodeConfig:
     profile: str = "cpu"
     data: str | None = None  # replaces the profile's data, as `swarm run --data`
     campaign: str = "default"
-    campaign_file: Campaign | None = None  # a signed campaign: its baseline, program and quorum rule
+    campaign_file: Campaign | None = (
+        None  # a signed campaign: its baseline, program and quorum rule
+    )
     model: str | None = None  # a litellm model name; None: the offline proposer
     api_base: str | None = None
     max_cost_usd: float = 5.0
@@ -75,7 +79,9 @@ def worker_devices(profile_device: str, gpus: str) -> list[int | None]:
     count = torch.cuda.device_count()
     wanted = count if gpus == "all" else int(gpus)
     if not 1 <= wanted <= count:
-        raise NodeError(f"--gpus {gpus}: this machine has {count} CUDA GPU(s); pass 'all' or 1 to {count}")
+        raise NodeError(
+            f"--gpus {gpus}: this machine has {count} CUDA GPU(s); pass 'all' or 1 to {count}"
+        )
     return list(range(wanted))
 
 
@@ -100,7 +106,9 @@ def _program_text() -> str:
         raise NodeError(f"cannot read {path} ({exc.strerror}): reinstall research-swarm") from None
 
 
-def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None) -> None:
+def run_node(
+    config: NodeConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None
+) -> None:
     """Join the swarm and research until `stop` is set or Ctrl-C."""
     from node.agent.crew import Crew
     from node.gossip import GossipConfig, run_peer
@@ -112,8 +120,10 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     identity = load_identity(home)
     campaign = config.campaign_file
     if campaign is not None and config.profile not in campaign.profiles:
-        raise NodeError(f"campaign {campaign.name} runs on {', '.join(campaign.profiles)}, not {config.profile}: "
-                        f"pass --profile {campaign.profiles[0]}")
+        raise NodeError(
+            f"campaign {campaign.name} runs on {', '.join(campaign.profiles)}, not {config.profile}: "
+            f"pass --profile {campaign.profiles[0]}"
+        )
     pinned = campaign.data_for(config.profile).get("data") if campaign else None
     profile = get_profile(config.profile, config.data or pinned)
     if budget := pinned_budget(campaign, profile.name):  # the campaign's budget, for every member
@@ -121,9 +131,11 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     require_device(profile)
     confined = config.sandbox is not False and sandbox_available()
     if config.sandbox is not False and not confined:
-        say("no sandbox (bubblewrap) on this machine: this node runs only its own train.py versions and those "
+        say(
+            "no sandbox (bubblewrap) on this machine: this node runs only its own train.py versions and those "
             f"of the {len(config.trust)} peer(s) you trust (--trust PEER_ID); install bubblewrap (apt-get install "
-            "bubblewrap) to verify everyone's, or pass --no-sandbox in a group you trust")
+            "bubblewrap) to verify everyone's, or pass --no-sandbox in a group you trust"
+        )
     slots = worker_slots(worker_devices(profile.device, config.gpus))
     tokens = prepare_data(profile, data_dir(home), say)
     if campaign is not None:
@@ -133,20 +145,30 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
         if moved := baseline_moved(home, config.campaign, profile.name):
             say(moved)
         _record_terms(home, open_terms(config.campaign, config.quorum))
-    if warning := budget_warning(profile.name, profile.budget_tokens, tokens.manifest,
-                                 f"a campaign that pins it: swarm campaign new --budget {profile.name}={{budget}}"):
+    if warning := budget_warning(
+        profile.name,
+        profile.budget_tokens,
+        tokens.manifest,
+        f"a campaign that pins it: swarm campaign new --budget {profile.name}={{budget}}",
+    ):
         say(warning)
     stop = stop or threading.Event()
-    say(f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
+    say(
+        f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
         f"{len(slots)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}, "
-        f"{profile.budget_tokens} training tokens a run")
+        f"{profile.budget_tokens} training tokens a run"
+    )
 
     failures: list[BaseException] = []
 
     def gossip() -> None:
         try:
-            run_peer(GossipConfig(home, config.listen, config.bootstrap, config.campaign),
-                     on_ready=lambda addrs: say("listening on " + " ".join(addrs)), stop=stop, say=say)
+            run_peer(
+                GossipConfig(home, config.listen, config.bootstrap, config.campaign),
+                on_ready=lambda addrs: say("listening on " + " ".join(addrs)),
+                stop=stop,
+                say=say,
+            )
         except BaseException as exc:  # the node cannot live without its network: stop it all
             failures.append(exc)
             stop.set()
@@ -154,10 +176,16 @@ def run_node(config: NodeConfig, say: Callable[[str], None] = print, stop: threa
     threads = [threading.Thread(target=gossip, name="gossip", daemon=True)]
     compiled = CompileCache(compiled_dir(home))  # one store for all workers
     crew = Crew()  # the workers share the experiments in hand and the node's own keeps
-    threads += [threading.Thread(target=_work, args=(config, profile, index, device, tokens, compiled, crew, stop,
-                                                     failures, turns),
-                                 name=f"worker-{index}", daemon=True)
-                for index, (device, turns) in enumerate(slots)]
+    threads += [
+        threading.Thread(
+            target=_work,
+            args=(config, profile, index, device, tokens, compiled, crew, stop, failures, turns),
+            name=f"worker-{index}",
+            daemon=True,
+        )
+        for index, (device, turns) in enumerate(slots)
+    ]
+
     def on_signal(signum: int, _frame) -> None:  # Ctrl-C or a service manager's stop
         say(f"stopping ({signal.Signals(signum).name}): ending the current run")
         stop.set()
@@ -180,8 +208,14 @@ def open_terms(campaign: str, quorum: int) -> dict:
     chose, no organiser and no members (any key counts)."""
     from node.ledger_queries import builtin_baseline
 
-    return {"name": campaign, "organiser": None, "baseline": builtin_baseline(), "quorum": quorum,
-            "members": None, "fact": None}
+    return {
+        "name": campaign,
+        "organiser": None,
+        "baseline": builtin_baseline(),
+        "quorum": quorum,
+        "members": None,
+        "fact": None,
+    }
 
 
 def _record_terms(home: Path, terms: dict) -> None:
@@ -191,8 +225,10 @@ def _record_terms(home: Path, terms: dict) -> None:
     with Ledger(ledger_path(home), campaign=terms["name"]) as ledger:
         held = ledger.terms()
         if held is not None and held["organiser"] != terms["organiser"]:
-            raise NodeError(f"this home's ledger belongs to campaign {held['name']} as organised by "
-                            f"{held['organiser'] or 'nobody (an open campaign)'}: use a fresh --home for this one")
+            raise NodeError(
+                f"this home's ledger belongs to campaign {held['name']} as organised by "
+                f"{held['organiser'] or 'nobody (an open campaign)'}: use a fresh --home for this one"
+            )
         ledger.set_terms(terms)
 
 
@@ -205,8 +241,10 @@ def _record_campaign(home: Path, campaign: Campaign) -> None:
     with Ledger(ledger_path(home), campaign=campaign.name) as ledger:
         stored = ledger.ingest(campaign.fact.raw)
     if isinstance(stored, wire.Rejection):
-        raise NodeError(f"this ledger refuses campaign {campaign.name}'s fact ({stored.reason.value}: {stored.detail}):"
-                        " use a fresh --home for this campaign")
+        raise NodeError(
+            f"this ledger refuses campaign {campaign.name}'s fact ({stored.reason.value}: {stored.detail}):"
+            " use a fresh --home for this campaign"
+        )
 
 
 def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
@@ -218,7 +256,9 @@ def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
 
     if not ledger_path(home).exists():
         return None
-    baseline = hashlib.sha256(BASELINE_TRAIN_PY.read_text().encode()).hexdigest()  # as the worker hashes it
+    baseline = hashlib.sha256(
+        BASELINE_TRAIN_PY.read_text().encode()
+    ).hexdigest()  # as the worker hashes it
     try:
         with Ledger(ledger_path(home), campaign=campaign) as ledger:
             rows = ledger.rows(
@@ -239,9 +279,18 @@ def baseline_moved(home: Path, campaign: str, profile: str) -> str | None:
     )
 
 
-def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, compiled: CompileCache,
-          crew: Crew, stop: threading.Event, failures: list[BaseException],
-          turns: GpuTurns | None = None) -> None:
+def _work(
+    config: NodeConfig,
+    profile,
+    index: int,
+    device: int | None,
+    tokens,
+    compiled: CompileCache,
+    crew: Crew,
+    stop: threading.Event,
+    failures: list[BaseException],
+    turns: GpuTurns | None = None,
+) -> None:
     """One research worker: its own ledger connection and proposer, step after step until stopped."""
     from node.agent import AgentError, LLMProposer, OfflineProposer
     from node.agent.researcher import Researcher
@@ -254,8 +303,9 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, c
     # Unless told a seed, a node walks the offline proposer's changes in an order of its key's.
     seed = f"{identity.peer_id}:{index}" if config.seed is None else config.seed * 1000 + index
     if config.model:
-        proposer = LLMProposer(config.model, config.api_base, config.max_cost_usd,
-                               spent_path=home / "llm-spend.json")
+        proposer = LLMProposer(
+            config.model, config.api_base, config.max_cost_usd, spent_path=home / "llm-spend.json"
+        )
     else:
         proposer = OfflineProposer(seed=seed)
     from node.trainer.sandbox import sandbox_available
@@ -266,12 +316,22 @@ def _work(config: NodeConfig, profile, index: int, device: int | None, tokens, c
     try:
         with Ledger(ledger_path(home), campaign=config.campaign) as ledger:
             researcher = Researcher(
-                ledger, identity, proposer, profile, tokens, home / "runs" / f"worker-{index}",
-                campaign.baseline if campaign else BASELINE_TRAIN_PY.read_text(), quorum=config.quorum,
+                ledger,
+                identity,
+                proposer,
+                profile,
+                tokens,
+                home / "runs" / f"worker-{index}",
+                campaign.baseline if campaign else BASELINE_TRAIN_PY.read_text(),
+                quorum=config.quorum,
                 program=campaign.program if campaign else _program_text(),
-                verify_every=config.verify_every, run=run,
-                status_path=home / STATUS_DIR / f"worker-{index}.json", trusted=trusted,
-                trust=config.trust, compile_cache=compiled, crew=crew,
+                verify_every=config.verify_every,
+                run=run,
+                status_path=home / STATUS_DIR / f"worker-{index}.json",
+                trusted=trusted,
+                trust=config.trust,
+                compile_cache=compiled,
+                crew=crew,
             )
             refusals = 0
             while not stop.is_set():
@@ -314,7 +374,13 @@ def node_status(home: Path) -> dict:
     workers = []
     for path in sorted((Path(home) / STATUS_DIR).glob("worker-*.json")):
         try:
-            workers.append({"worker": path.stem, "updated": path.stat().st_mtime, **json.loads(path.read_text())})
+            workers.append(
+                {
+                    "worker": path.stem,
+                    "updated": path.stat().st_mtime,
+                    **json.loads(path.read_text()),
+                }
+            )
         except (OSError, ValueError):
             continue
     try:
@@ -326,11 +392,19 @@ def node_status(home: Path) -> dict:
         with Ledger(ledger_path(home), readonly=True) as book:
             ledger = book.summary()
     if not workers and network is None and not ledger:
-        raise NodeError(f"no node in {home}: start one with `swarm join --home {home} --bootstrap ADDR`")
+        raise NodeError(
+            f"no node in {home}: start one with `swarm join --home {home} --bootstrap ADDR`"
+        )
     now = time.time()
     running = node_running(network, now)
     last = [float(network["time"])] if network and network.get("time") else []
     last += [w["updated"] for w in workers]
-    return {"home": str(home), "now": now, "running": running,
-            "stopped_at": None if running or not last else max(last),
-            "workers": workers, "network": network, "ledger": ledger}
+    return {
+        "home": str(home),
+        "now": now,
+        "running": running,
+        "stopped_at": None if running or not last else max(last),
+        "workers": workers,
+        "network": network,
+        "ledger": ledger,
+    }

@@ -85,7 +85,9 @@ class Reason(str, Enum):
     seq_backwards = "seq_backwards"
     future_time = "future_time"
     malformed = "malformed"
-    impostor = "impostor"  # a campaign fact or invitation signed by another key than the organiser's
+    impostor = (
+        "impostor"  # a campaign fact or invitation signed by another key than the organiser's
+    )
     weak_key = "weak_key"  # a key of small order or not canonically encoded: it proves nothing
 
 

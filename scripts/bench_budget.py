@@ -50,7 +50,9 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=0, help="busy processes meanwhile")
     parser.add_argument("--threads", type=int, help="override the profile's CPU threads")
     parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms")
-    parser.add_argument("--data-cache", default=os.environ.get("SWARM_TEST_DATA", "/tmp/swarmcache"))
+    parser.add_argument(
+        "--data-cache", default=os.environ.get("SWARM_TEST_DATA", "/tmp/swarmcache")
+    )
     parser.add_argument("--tokens", help="a built token folder instead of --data-cache")
     parser.add_argument("--no-sandbox", action="store_true", help="a machine without bubblewrap")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
@@ -74,7 +76,9 @@ def main() -> None:
     (work / "baseline.py").write_text(baseline)
     (work / "child.py").write_text(child)
     cache = CompileCache(work / "compiled") if profile.device == "cuda" else None
-    plan = [("baseline", s) for s in args.seeds] + [("baseline", s) for s in args.seeds[: args.replays]]
+    plan = [("baseline", s) for s in args.seeds] + [
+        ("baseline", s) for s in args.seeds[: args.replays]
+    ]
     plan += [("child", s) for s in args.seeds]
     print(
         f"profile {profile.name}: budget {profile.budget_tokens} tokens, threads {profile.threads}, "
@@ -90,7 +94,9 @@ def main() -> None:
                 keep_compiled=cache is not None,
             )  # fmt: skip
             if result.outcome != "ok":
-                raise SystemExit(f"{name} seed {seed}: {result.outcome}: {result.error}\n{result.log_tail}")
+                raise SystemExit(
+                    f"{name} seed {seed}: {result.outcome}: {result.error}\n{result.log_tail}"
+                )
             runs.append({"name": name, **result.as_dict()})
             print(
                 f"{name:8} seed {seed:3} | val_bpb {result.val_bpb:.6f} | train {result.train_seconds:7.2f} s "
@@ -115,7 +121,9 @@ def main() -> None:
     print(f"training: median {statistics.median(r['train_seconds'] for r in runs):.2f} s, "
           f"{statistics.median(r['tokens_per_second'] for r in runs) / 1e3:.1f} k tokens/s; "
           f"a run {statistics.median(totals):.1f} s in all: {3600 / statistics.median(totals):.1f} runs an hour")  # fmt: skip
-    print(f"replays of one seed: largest difference {shown(max(replay) if replay else None, 8)} over {len(replay)}")
+    print(
+        f"replays of one seed: largest difference {shown(max(replay) if replay else None, 8)} over {len(replay)}"
+    )
     print(f"baseline over {len(base)} seeds: stdev {shown(unpaired)} (unpaired noise)")
     print(f"child - baseline per seed: {', '.join(f'{d:+.4f}' for d in diffs)}; mean {statistics.fmean(diffs):+.4f}, "
           f"stdev {shown(paired)} (paired noise)")  # fmt: skip

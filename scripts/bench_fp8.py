@@ -37,7 +37,9 @@ TENSORWISE = F.ScalingType(0)
 
 @torch.compiler.allow_in_graph  # torch 2.11's compiler cannot trace into scaled_mm (a graph break without this)
 def fp8_matmul(a, b, scale_a, scale_b, dtype=torch.bfloat16, fast=True):
-    return F.scaled_mm(a, b, scale_a, TENSORWISE, scale_b, TENSORWISE, output_dtype=dtype, use_fast_accum=fast)
+    return F.scaled_mm(
+        a, b, scale_a, TENSORWISE, scale_b, TENSORWISE, output_dtype=dtype, use_fast_accum=fast
+    )
 
 
 def to_fp8(x, dtype):
@@ -98,7 +100,9 @@ def mlp(x, up, down, mode):
 def projections(x, q, k, v, out, mode):
     """q, k and v of the normed input, a stand-in for attention between them, then the output."""
     x = F.rms_norm(x, (DIM,))
-    return linear(linear(x, q, mode, True) * linear(x, k, mode, True) + linear(x, v, mode, True), out, mode)
+    return linear(
+        linear(x, q, mode, True) * linear(x, k, mode, True) + linear(x, v, mode, True), out, mode
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,18 +113,25 @@ def product_times(m: int, k: int, n: int) -> list[float]:
     a = torch.randn(m, k, device="cuda").bfloat16()
     b = torch.randn(n, k, device="cuda").bfloat16()
     aq, bq, one = a.to(E4M3), b.to(E4M3), torch.ones((), device="cuda")
-    return [bench(lambda: a @ b.T),
-            bench(lambda: F.scaled_mm(aq, bq.T, one, TENSORWISE, one, TENSORWISE, use_fast_accum=True)),
-            bench(lambda: F.scaled_mm(aq, bq.T, one, TENSORWISE, one, TENSORWISE))]
+    return [
+        bench(lambda: a @ b.T),
+        bench(lambda: F.scaled_mm(aq, bq.T, one, TENSORWISE, one, TENSORWISE, use_fast_accum=True)),
+        bench(lambda: F.scaled_mm(aq, bq.T, one, TENSORWISE, one, TENSORWISE)),
+    ]
 
 
 def products() -> None:
     print("\nmatrix products (M x K @ K x N), median ms and TFLOP/s")
     print(f"{'what':22} {'M':>7} {'K':>7} {'N':>6} {'bf16':>13} {'fp8 fast acc':>14} {'fp8':>14}")
-    shapes = [("up forward", TOKENS, DIM, HIDDEN), ("down forward", TOKENS, HIDDEN, DIM),
-              ("q/k/v/out forward", TOKENS, DIM, DIM), ("up weight grad", HIDDEN, TOKENS, DIM),
-              ("down weight grad", DIM, TOKENS, HIDDEN), ("q/k/v/out weight grad", DIM, TOKENS, DIM),
-              ("head forward, a slice", TOKENS // 4, DIM, VOCAB)]
+    shapes = [
+        ("up forward", TOKENS, DIM, HIDDEN),
+        ("down forward", TOKENS, HIDDEN, DIM),
+        ("q/k/v/out forward", TOKENS, DIM, DIM),
+        ("up weight grad", HIDDEN, TOKENS, DIM),
+        ("down weight grad", DIM, TOKENS, HIDDEN),
+        ("q/k/v/out weight grad", DIM, TOKENS, DIM),
+        ("head forward, a slice", TOKENS // 4, DIM, VOCAB),
+    ]
     for name, m, k, n in shapes:
         cells = [f"{ms:6.3f} {2 * m * k * n / ms / 1e9:6.0f}" for ms in product_times(m, k, n)]
         print(f"{name:22} {m:>7} {k:>7} {n:>6} {cells[0]:>13} {cells[1]:>14} {cells[2]:>14}")
@@ -134,8 +145,10 @@ def casts() -> None:
         x = torch.randn(TOKENS, width, device="cuda").bfloat16()
         gb = x.numel() * 3 / 1e9  # read 2 bytes, write 1
         ms, ms_t = bench(partial(cast, x)), bench(partial(cast_t, x))
-        print(f"{TOKENS} x {width}: {ms:.3f} ms ({gb / ms:.2f} TB/s at one read and one write); "
-              f"cast and transpose {ms_t:.3f} ms")
+        print(
+            f"{TOKENS} x {width}: {ms:.3f} ms ({gb / ms:.2f} TB/s at one read and one write); "
+            f"cast and transpose {ms_t:.3f} ms"
+        )
 
 
 def step_time(fn, x, ws, grad, mode, ref) -> tuple[float, str]:
@@ -150,7 +163,9 @@ def step_time(fn, x, ws, grad, mode, ref) -> tuple[float, str]:
     with torch.autocast("cuda", dtype=torch.bfloat16):
         again()
         got = [x.grad.float()] + [w.grad for w in ws]
-        errors = ", ".join(f"{(g - r).norm() / r.norm():.4f}" for g, r in zip(got, ref, strict=True))
+        errors = ", ".join(
+            f"{(g - r).norm() / r.norm():.4f}" for g, r in zip(got, ref, strict=True)
+        )
         return bench(again), errors
 
 
@@ -160,9 +175,13 @@ def modules() -> None:
     x = torch.randn(128, 2048, DIM, device="cuda").bfloat16().requires_grad_()
     bound = (3 / DIM) ** 0.5
     weights = {
-        "mlp": [torch.empty(HIDDEN, DIM, device="cuda").uniform_(-bound, bound),
-                torch.empty(DIM, HIDDEN, device="cuda").uniform_(-bound / 2, bound / 2)],
-        "projections": [torch.empty(DIM, DIM, device="cuda").uniform_(-bound, bound) for _ in range(4)],
+        "mlp": [
+            torch.empty(HIDDEN, DIM, device="cuda").uniform_(-bound, bound),
+            torch.empty(DIM, HIDDEN, device="cuda").uniform_(-bound / 2, bound / 2),
+        ],
+        "projections": [
+            torch.empty(DIM, DIM, device="cuda").uniform_(-bound, bound) for _ in range(4)
+        ],
     }
     for name, fn in (("mlp", mlp), ("projections", projections)):
         ws = [w.requires_grad_() for w in weights[name]]
@@ -176,13 +195,19 @@ def modules() -> None:
         times = {}
         for mode in ("bf16", "fp8", "fp8 forward"):
             times[mode], errors = step_time(fn, x, ws, grad, mode, ref)
-            print(f"{name:12} {mode:11} {times[mode]:7.3f} ms = {times[mode] / times['bf16']:.3f} x bf16   "
-                  f"gradient errors (x, weights): {errors}")
+            print(
+                f"{name:12} {mode:11} {times[mode]:7.3f} ms = {times[mode] / times['bf16']:.3f} x bf16   "
+                f"gradient errors (x, weights): {errors}"
+            )
 
 
 def main() -> None:
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, cuBLAS {torch.backends.cuda.preferred_blas_library()}")
-    print(f"F.scaled_mm: {'scaled_mm' in dir(F)}; scaling types: {[s for s in dir(F.ScalingType) if s[0] != '_']}")
+    print(
+        f"torch {torch.__version__}, {torch.cuda.get_device_name()}, cuBLAS {torch.backends.cuda.preferred_blas_library()}"
+    )
+    print(
+        f"F.scaled_mm: {'scaled_mm' in dir(F)}; scaling types: {[s for s in dir(F.ScalingType) if s[0] != '_']}"
+    )
     parts = sys.argv[1:] or ["products", "casts", "modules"]
     for part in parts:
         {"products": products, "casts": casts, "modules": modules}[part]()

@@ -55,7 +55,9 @@ def rss_mib(pid: int) -> float:
 
 def wire_bytes(ports: set[int]) -> int:
     """Bytes sent on every established TCP socket between our nodes (both ends count once each)."""
-    out = subprocess.run(["ss", "-tinH", "state", "established"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["ss", "-tinH", "state", "established"], capture_output=True, text=True
+    ).stdout
     total, lines = 0, out.splitlines()
     for i, line in enumerate(lines):
         parts = line.split()
@@ -76,7 +78,8 @@ def latencies(homes: list[Path]) -> tuple[list[float], int]:
         with sqlite3.connect(f"file:{home / 'ledger.db'}?mode=ro", uri=True) as conn:
             me = status(home)["peer_id"]
             for fid, author, t, received in conn.execute(
-                    "SELECT id, author, time, received FROM facts WHERE kind = 'result'"):
+                "SELECT id, author, time, received FROM facts WHERE kind = 'result'"
+            ):
                 facts.add(fid)
                 if author != me:
                     out.append((received - t) / 1000)
@@ -104,13 +107,19 @@ def main() -> None:
                    "--publish-count", str(args.facts), *bootstrap]  # fmt: skip
             spawned.append(time.time())
             log = open(home / "node.log", "wb")  # noqa: SIM115
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT))
+            procs.append(
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            )
             if i == 0:  # node 0 is everyone's bootstrap: any node can be one
-                addr = wait_until(lambda h=home: (s := status(h)) and s["addrs"] and s["addrs"][0], "node 0")
+                addr = wait_until(
+                    lambda h=home: (s := status(h)) and s["addrs"] and s["addrs"][0], "node 0"
+                )
                 bootstrap = ["--bootstrap", addr]
         first_peer = []
         for home, t0 in zip(homes, spawned, strict=True):
-            wait_until(lambda h=home: (s := status(h)) and s["connected"], f"{home.name} to connect")
+            wait_until(
+                lambda h=home: (s := status(h)) and s["connected"], f"{home.name} to connect"
+            )
             first_peer.append((status(home)["first_peer_s"], status(home)["first_peer_at"] - t0))
         ports = {int(status(h)["addrs"][0].split("/tcp/")[1].split("/")[0]) for h in homes}
         bytes0, facts0 = wire_bytes(ports), latencies(homes)[1]

@@ -61,19 +61,31 @@ def sequence(
             stamps.setdefault(event["event"], time.monotonic() - began)
             if log is not None:
                 with log_lock, log.open("a") as f:
-                    f.write(json.dumps({"mode": mode, "index": i, "at": time.monotonic() - began,
-                                        **event}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {"mode": mode, "index": i, "at": time.monotonic() - began, **event}
+                        )
+                        + "\n"
+                    )
             if event["event"] in ("ready", "train_start", "eval_start", "done"):
-                print(f"  {mode} run {i} {scripts[i].stem}: {event['event']} "
-                      f"at {time.monotonic() - began:.1f} s", flush=True)
+                print(
+                    f"  {mode} run {i} {scripts[i].stem}: {event['event']} "
+                    f"at {time.monotonic() - began:.1f} s",
+                    flush=True,
+                )
 
         stamps["asked"] = time.monotonic() - began
         result = run_experiment(
             scripts[i], profile, data, root / f"run{i}", seed=0, on_event=stamp,
             compile_cache=cache, keep_compiled=True, turns=turns,
         )  # fmt: skip
-        rows[i] = {"mode": mode, "index": i, "recipe": scripts[i].stem, "stamps": stamps,
-                   **result.as_dict()}
+        rows[i] = {
+            "mode": mode,
+            "index": i,
+            "recipe": scripts[i].stem,
+            "stamps": stamps,
+            **result.as_dict(),
+        }
 
     def worker() -> None:
         while True:
@@ -95,30 +107,45 @@ def sequence(
 def summary(mode: str, rows: list[dict]) -> dict:
     wall = max(r["stamps"].get("done", 0.0) for r in rows)
     train = sum(r["train_seconds"] for r in rows)
-    gaps = [b["stamps"]["train_start"] - a["stamps"]["eval_start"]
-            for a, b in zip(rows, rows[1:], strict=False)
-            if "train_start" in b["stamps"] and "eval_start" in a["stamps"]]
+    gaps = [
+        b["stamps"]["train_start"] - a["stamps"]["eval_start"]
+        for a, b in zip(rows, rows[1:], strict=False)
+        if "train_start" in b["stamps"] and "eval_start" in a["stamps"]
+    ]
     # A cycle: from one run's training start to the next's. In a node's steady state (start-up
     # hidden) its share training is what the whole node's wall clock approaches.
-    cycles = [(a["train_seconds"], b["stamps"]["train_start"] - a["stamps"]["train_start"])
-              for a, b in zip(rows, rows[1:], strict=False)
-              if "train_start" in b["stamps"] and "train_start" in a["stamps"]]
-    return {"mode": mode, "runs": len(rows), "wall": wall, "train": train,
-            "share": train / wall if wall else 0.0, "gaps": gaps, "cycles": cycles}
+    cycles = [
+        (a["train_seconds"], b["stamps"]["train_start"] - a["stamps"]["train_start"])
+        for a, b in zip(rows, rows[1:], strict=False)
+        if "train_start" in b["stamps"] and "train_start" in a["stamps"]
+    ]
+    return {
+        "mode": mode,
+        "runs": len(rows),
+        "wall": wall,
+        "train": train,
+        "share": train / wall if wall else 0.0,
+        "gaps": gaps,
+        "cycles": cycles,
+    }
 
 
 def print_rows(rows: list[dict]) -> None:
-    print(f"{'mode':7} {'run':3} {'recipe':16} {'outcome':7} {'val_bpb':>8} {'tok/s':>10} "
-          f"{'start':>6} {'held':>6} {'train':>6} {'eval':>5} {'train at':>8} {'done at':>8}")
+    print(
+        f"{'mode':7} {'run':3} {'recipe':16} {'outcome':7} {'val_bpb':>8} {'tok/s':>10} "
+        f"{'start':>6} {'held':>6} {'train':>6} {'eval':>5} {'train at':>8} {'done at':>8}"
+    )
     for r in rows:
         s = r["stamps"]
         held = f"{r['held_seconds']:6.1f}" if r["held_seconds"] is not None else f"{'-':>6}"
         bpb = f"{r['val_bpb']:8.4f}" if r["val_bpb"] is not None else f"{'-':>8}"
         tps = f"{r['tokens_per_second']:10,.0f}" if r["tokens_per_second"] else f"{'-':>10}"
-        print(f"{r['mode']:7} {r['index']:3} {r['recipe']:16} {r['outcome']:7} {bpb} {tps} "
-              f"{r['startup_seconds'] or 0:6.1f} {held} {r['train_seconds']:6.1f} "
-              f"{r['eval_seconds'] or 0:5.1f} {s.get('train_start', 0):8.1f} "
-              f"{s.get('done', 0):8.1f}")
+        print(
+            f"{r['mode']:7} {r['index']:3} {r['recipe']:16} {r['outcome']:7} {bpb} {tps} "
+            f"{r['startup_seconds'] or 0:6.1f} {held} {r['train_seconds']:6.1f} "
+            f"{r['eval_seconds'] or 0:5.1f} {s.get('train_start', 0):8.1f} "
+            f"{s.get('done', 0):8.1f}"
+        )
 
 
 def main() -> None:
@@ -127,8 +154,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help="tarball of a built data cache to unpack first")
     parser.add_argument("--budget", type=int, help="training budget in tokens of every run")
     parser.add_argument("--sequence", nargs="+", default=list(CHANGES), choices=sorted(CHANGES))
-    parser.add_argument("--modes", nargs="+", default=["turns", "serial"],
-                        choices=["turns", "serial"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["turns", "serial"], choices=["turns", "serial"]
+    )
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
     args = parser.parse_args()
     cache = Path(os.environ.setdefault("SWARM_DATA", "/tmp/swarm-data"))
@@ -144,8 +172,9 @@ def main() -> None:
     scripts = [write_variant(name, folder, CHANGES, prefix="") for name in args.sequence]
     summaries = []
     for mode in args.modes:
-        rows = sequence(mode, scripts, profile, data, folder / mode,
-                        args.out / "bench_pipeline_events.jsonl")
+        rows = sequence(
+            mode, scripts, profile, data, folder / mode, args.out / "bench_pipeline_events.jsonl"
+        )
         with (args.out / "bench_pipeline.jsonl").open("a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
@@ -156,8 +185,10 @@ def main() -> None:
     for s in summaries:
         gaps = ", ".join(f"{g:.1f}" for g in s["gaps"])
         mean = statistics.fmean(s["gaps"]) if s["gaps"] else 0.0
-        print(f"{s['mode']:7} {s['runs']} runs: wall {s['wall']:.1f} s, training {s['train']:.1f} s, "
-              f"share {s['share']:.1%}; GPU idle between trainings: {gaps} s (mean {mean:.1f})")
+        print(
+            f"{s['mode']:7} {s['runs']} runs: wall {s['wall']:.1f} s, training {s['train']:.1f} s, "
+            f"share {s['share']:.1%}; GPU idle between trainings: {gaps} s (mean {mean:.1f})"
+        )
         for train, cycle in s["cycles"]:
             print(f"{'':7} a cycle: {train:.1f} s training of {cycle:.1f} s, {train / cycle:.1%}")
 

@@ -36,7 +36,9 @@ def variants(source: str, profile: str) -> dict[str, str]:
     if row is None or lr == source:
         raise SystemExit(f"the baseline has no {profile} row or no EMBED_LR: update the bench")
     depth, width, head = row.groups()  # one head fewer: the width stays a multiple of the head
-    narrower = source.replace(row.group(0), f'"{profile}": ({depth}, {int(width) - int(head)}, {head},')
+    narrower = source.replace(
+        row.group(0), f'"{profile}": ({depth}, {int(width) - int(head)}, {head},'
+    )
     return {"baseline": source, "lr": lr, "width": narrower}
 
 
@@ -47,10 +49,14 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=2**26, help="training tokens per run")
     parser.add_argument("--data-cache", default=os.environ.get("SWARM_DATA", "/tmp/swarmcache"))
     parser.add_argument(
-        "--compile", action="store_true", help="torch.compile on the CPU too (a check of the plumbing)"
+        "--compile",
+        action="store_true",
+        help="torch.compile on the CPU too (a check of the plumbing)",
     )
     parser.add_argument("--train-py", type=Path, help="bench this train.py instead of the baseline")
-    parser.add_argument("--no-sandbox", action="store_true", help="run without the sandbox (to measure its cost)")
+    parser.add_argument(
+        "--no-sandbox", action="store_true", help="run without the sandbox (to measure its cost)"
+    )
     args = parser.parse_args()
     real_budget = get_profile(args.profile, args.data).budget_tokens  # what a node's runs get
     profile = dataclasses.replace(
@@ -91,7 +97,12 @@ def main() -> None:
         script.write_text(versions[name])
         began = time.monotonic()
         result = run_experiment(
-            script, profile, data, work / f"run-{index}", sandbox=sandboxed, compile_cache=store,
+            script,
+            profile,
+            data,
+            work / f"run-{index}",
+            sandbox=sandboxed,
+            compile_cache=store,
             keep_compiled=keep,
         )
         wall = time.monotonic() - began
@@ -113,10 +124,15 @@ def main() -> None:
     cold = rows.get("cold (empty store)")
     for label in [label for label, *_ in plan[1:]]:
         if cold and label in rows:
-            print(f"start-up {label}: {rows[label]:.1f} s = {rows[label] / cold:.2f} x the cold {cold:.1f} s")
+            print(
+                f"start-up {label}: {rows[label]:.1f} s = {rows[label] / cold:.2f} x the cold {cold:.1f} s"
+            )
     # The profile's training time on this machine: its budget at the measured tokens per second.
     real_seconds = real_budget / max(speeds) if speeds and max(speeds) > 0 else None
-    for label, overhead in overheads.items():  # the rest of an experiment (choosing, publishing) is under 1 s
+    for (
+        label,
+        overhead,
+    ) in overheads.items():  # the rest of an experiment (choosing, publishing) is under 1 s
         if real_seconds:
             print(
                 f"overhead {label}: {overhead:.1f} s outside training = {overhead / real_seconds:.1%} "

@@ -40,7 +40,9 @@ def launch(root: Path, nodes: int, args: argparse.Namespace) -> subprocess.Popen
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
 
 
-def timeline(home: Path, profile: str, baseline: str, quorum: int, minutes: float, t0_ms: int) -> dict:
+def timeline(
+    home: Path, profile: str, baseline: str, quorum: int, minutes: float, t0_ms: int
+) -> dict:
     """Per minute, from one ledger: the head under the adoption rule over the facts known by
     then (its score: the verified gains below the baseline, and the steps of its lineage) and
     the best kept claim (the lowest val_bpb any author signed); at the end, every claim's state
@@ -85,7 +87,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20)
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--campaign", help="a campaign file for both (default: the built-in baseline)")
+    parser.add_argument(
+        "--campaign", help="a campaign file for both (default: the built-in baseline)"
+    )
     parser.add_argument("--root", type=Path, default=Path("/tmp/bench-swarm"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -108,11 +112,15 @@ def main() -> None:
         print(json.dumps(out))
         return
     fmt = lambda v: f"{v:.4f}" if v is not None else "   -  "  # noqa: E731
-    print(f"profile {args.profile}, {args.nodes} nodes against 1, {args.minutes:g} min, quorum {quorum}")
+    print(
+        f"profile {args.profile}, {args.nodes} nodes against 1, {args.minutes:g} min, quorum {quorum}"
+    )
     for name in ("swarm", "alone"):
         part = out[name]
-        print(f"{name}: baseline {fmt(part['baseline'])} ({part['baseline_runs']} runs), paired noise "
-              f"{part['sigma']:.4f} ({part['sigma_df']} degrees of freedom), results {part['outcomes']}")
+        print(
+            f"{name}: baseline {fmt(part['baseline'])} ({part['baseline_runs']} runs), paired noise "
+            f"{part['sigma']:.4f} ({part['sigma_df']} degrees of freedom), results {part['outcomes']}"
+        )
     print("minute  swarm head gain (se, steps)  swarm best kept  alone best kept")
     for s, a in zip(out["swarm"]["minutes"], out["alone"]["minutes"], strict=True):
         head = f"{s['head_gain']:.4f} ({s['head_se']:.4f}, {s['head_steps']})"
@@ -120,8 +128,11 @@ def main() -> None:
     for name in ("swarm", "alone"):
         print(f"{name}: claims {out[name]['claims']}")
         for v in out[name]["verified"]:
-            print(f"  verified {v['gain']:+.4f} (se {v['se']:.4f}, {v['seeds']} seeds from "
-                  f"{v['peers']} peers) by {v['author']}: {v['description']}")
+            print(
+                f"  verified {v['gain']:+.4f} (se {v['se']:.4f}, {v['seeds']} seeds from "
+                f"{v['peers']} peers) by {v['author']}: {v['description']}"
+            )
+
 
 if __name__ == "__main__":
     main()

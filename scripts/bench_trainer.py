@@ -56,8 +56,12 @@ VARIANTS = {
     "whole": [(REGIONS, "    model.compile(dynamic=False, fullgraph=True)")],
     "cudagraphs": [(REGION, 'module.compile(dynamic=False, mode="reduce-overhead")')],
     "autotune": [(REGION, 'module.compile(dynamic=False, mode="max-autotune-no-cudagraphs")')],
-    "bf16": [("FP8 = GPU and ", "FP8 = False and GPU and ")],  # no float8 products (the baseline before 2026-12-03)
-    "lr10x": [("MATRIX_LR = 0.04 if GPU else 0.02 ", "MATRIX_LR = 0.4 if GPU else 0.2 ")],  # a deliberately bad change
+    "bf16": [
+        ("FP8 = GPU and ", "FP8 = False and GPU and ")
+    ],  # no float8 products (the baseline before 2026-12-03)
+    "lr10x": [
+        ("MATRIX_LR = 0.04 if GPU else 0.02 ", "MATRIX_LR = 0.4 if GPU else 0.2 ")
+    ],  # a deliberately bad change
     "cpu-b32": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (4, 128, 64, 32, 1)')],
     "cpu-d3": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (3, 128, 64, 16, 1)')],
     "cpu-w192": [('"cpu": (4, 128, 64, 16, 1)', '"cpu": (4, 192, 64, 16, 1)')],
@@ -103,7 +107,9 @@ def recipes(variants: list[str], files: list[Path], folder: Path) -> dict[str, P
             raise SystemExit(f"--train-py {path}: no such file")
         name = path.stem
         if name in chosen:
-            raise SystemExit(f"--train-py {path}: a recipe named {name!r} is already on the list; rename the file")
+            raise SystemExit(
+                f"--train-py {path}: a recipe named {name!r} is already on the list; rename the file"
+            )
         chosen[name] = path
     return chosen
 
@@ -111,20 +117,32 @@ def recipes(variants: list[str], files: list[Path], folder: Path) -> dict[str, P
 def print_table(rows: list[dict]) -> None:
     """One line per run, then the mean val_bpb of each recipe at each budget."""
     print()
-    print(f"{'recipe':18} {'budget':>11} {'seed':>4} {'val_bpb':>8} {'tok/s':>10} {'MFU989':>6} {'MFU':>6} "
-          f"{'peakGiB':>7} {'start':>6} {'train':>6} {'eval':>5} {'total':>6}")
+    print(
+        f"{'recipe':18} {'budget':>11} {'seed':>4} {'val_bpb':>8} {'tok/s':>10} {'MFU989':>6} {'MFU':>6} "
+        f"{'peakGiB':>7} {'start':>6} {'train':>6} {'eval':>5} {'total':>6}"
+    )
     for r in rows:
         head = f"{r['recipe']:18} {r['budget_tokens']:>11,} {r['seed']:>4}"
         if r["outcome"] != "ok":
             print(f"{head} {r['outcome']}: {r['error']}")
             continue
-        mfu989, mfu = (f"{'-':>6}",) * 2 if r["mfu"] is None else (  # None: a CPU
-            f"{r['flops_per_token'] * r['tokens_per_second'] / DATASHEET_FLOPS:6.1%}", f"{r['mfu']:6.1%}")
-        print(f"{head} {r['val_bpb']:8.4f} {r['tokens_per_second']:10,.0f} {mfu989} {mfu} "
-              f"{r['peak_memory_mb'] / 1024:7.1f} {r['startup_seconds']:6.1f} {r['train_seconds']:6.1f} "
-              f"{r['eval_seconds']:5.1f} {r['total_seconds']:6.1f}")
+        mfu989, mfu = (
+            (f"{'-':>6}",) * 2
+            if r["mfu"] is None
+            else (  # None: a CPU
+                f"{r['flops_per_token'] * r['tokens_per_second'] / DATASHEET_FLOPS:6.1%}",
+                f"{r['mfu']:6.1%}",
+            )
+        )
+        print(
+            f"{head} {r['val_bpb']:8.4f} {r['tokens_per_second']:10,.0f} {mfu989} {mfu} "
+            f"{r['peak_memory_mb'] / 1024:7.1f} {r['startup_seconds']:6.1f} {r['train_seconds']:6.1f} "
+            f"{r['eval_seconds']:5.1f} {r['total_seconds']:6.1f}"
+        )
     print()
-    print(f"{'recipe':18} {'budget':>11} {'runs':>4} {'mean':>8} {'stdev':>7} {'tok/s':>10} {'MFU989':>6}")
+    print(
+        f"{'recipe':18} {'budget':>11} {'runs':>4} {'mean':>8} {'stdev':>7} {'tok/s':>10} {'MFU989':>6}"
+    )
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["recipe"], r["budget_tokens"]), []).append(r)
@@ -136,22 +154,45 @@ def print_table(rows: list[dict]) -> None:
         scores = [r["val_bpb"] for r in ok]
         spread = f"{statistics.stdev(scores):7.4f}" if len(scores) > 1 else f"{'-':>7}"
         rate = statistics.mean(r["tokens_per_second"] for r in ok)
-        mfu989 = f"{'-':>6}" if ok[0]["mfu"] is None else \
-            f"{statistics.mean(r['flops_per_token'] * r['tokens_per_second'] for r in ok) / DATASHEET_FLOPS:6.1%}"
-        print(f"{recipe:18} {budget:>11,} {len(ok):>4} {statistics.mean(scores):8.4f} {spread} {rate:10,.0f} {mfu989}")
+        mfu989 = (
+            f"{'-':>6}"
+            if ok[0]["mfu"] is None
+            else f"{statistics.mean(r['flops_per_token'] * r['tokens_per_second'] for r in ok) / DATASHEET_FLOPS:6.1%}"
+        )
+        print(
+            f"{recipe:18} {budget:>11,} {len(ok):>4} {statistics.mean(scores):8.4f} {spread} {rate:10,.0f} {mfu989}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="gpu", choices=["gpu", "cpu", "test"])
     parser.add_argument("--data", type=Path, help="tarball of a built data cache to unpack first")
-    parser.add_argument("--tokens", type=Path, help="a built token folder instead of the profile's data")
-    parser.add_argument("--variants", nargs="*", default=["baseline"], choices=sorted(VARIANTS),
-                        help="variants of the baseline train.py (none: only the --train-py files)")
-    parser.add_argument("--train-py", type=Path, action="append", default=[], metavar="FILE",
-                        help="a train.py of your own to bench beside the variants (repeatable)")
-    parser.add_argument("--budget", type=int, nargs="+", metavar="TOKENS",
-                        help="training budgets in tokens, instead of the profile's own")
+    parser.add_argument(
+        "--tokens", type=Path, help="a built token folder instead of the profile's data"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=["baseline"],
+        choices=sorted(VARIANTS),
+        help="variants of the baseline train.py (none: only the --train-py files)",
+    )
+    parser.add_argument(
+        "--train-py",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a train.py of your own to bench beside the variants (repeatable)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=int,
+        nargs="+",
+        metavar="TOKENS",
+        help="training budgets in tokens, instead of the profile's own",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
     args = parser.parse_args()
@@ -169,7 +210,10 @@ def main() -> None:
     if base.device == "cuda":
         rate = matmul_rate()
         os.environ["SWARM_PEAK_FLOPS"] = str(rate)
-        print(f"device {torch.cuda.get_device_name()}: bf16 matmul 8192^3 {rate / 1e12:.0f} TFLOP/s (MFU denominator)", flush=True)
+        print(
+            f"device {torch.cuda.get_device_name()}: bf16 matmul 8192^3 {rate / 1e12:.0f} TFLOP/s (MFU denominator)",
+            flush=True,
+        )
     if args.tokens:
         folder = args.tokens.resolve()  # the runs start in folders of their own
         data = TokenData(folder, json.loads((folder / "manifest.json").read_text()))
@@ -181,14 +225,26 @@ def main() -> None:
             profile = dataclasses.replace(base, budget_tokens=budget)
             for name, script in scripts.items():
                 began = time.time()
-                result = run_experiment(script, profile, data, Path(f"/tmp/bench-runs/{name}-{budget}-{seed}-{int(began)}"), seed=seed,
-                                        on_event=lambda e: e["event"] in ("started", "train_start", "eval_start", "result") and print(f"  {e}", flush=True))
+                result = run_experiment(
+                    script,
+                    profile,
+                    data,
+                    Path(f"/tmp/bench-runs/{name}-{budget}-{seed}-{int(began)}"),
+                    seed=seed,
+                    on_event=lambda e: (
+                        e["event"] in ("started", "train_start", "eval_start", "result")
+                        and print(f"  {e}", flush=True)
+                    ),
+                )
                 row = {"recipe": name, "matmul_tflops": rate / 1e12, **result.as_dict()}
                 rows.append(row)
                 with (args.out / f"bench_{profile.name}.jsonl").open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(f"{name} budget {budget:,} seed {seed}: {result.outcome} val_bpb={result.val_bpb} "
-                      f"tokens/s={result.tokens_per_second} sandboxed={result.sandboxed} {result.error or ''}", flush=True)
+                print(
+                    f"{name} budget {budget:,} seed {seed}: {result.outcome} val_bpb={result.val_bpb} "
+                    f"tokens/s={result.tokens_per_second} sandboxed={result.sandboxed} {result.error or ''}",
+                    flush=True,
+                )
                 if result.error:
                     print(result.log_tail)
     print_table(rows)

@@ -52,7 +52,7 @@ def _run_dir(home: Path, log_path: str | None) -> Path | None:
         return folder
     parts = folder.parts
     if "runs" in parts:
-        local = home.joinpath(*parts[len(parts) - parts[::-1].index("runs") - 1:])
+        local = home.joinpath(*parts[len(parts) - parts[::-1].index("runs") - 1 :])
         if local.is_dir():
             return local
     return None
@@ -91,7 +91,11 @@ def timeline(home: Path, t0: float | list[float] | None = None) -> dict:
         config = _json(folder / "config.json") if folder else {}
         if folder:
             seen_dirs.add(folder.resolve())
-        start = row["started"] / 1000 if row.get("started") else (_mtime(folder / "config.json") if folder else None)
+        start = (
+            row["started"] / 1000
+            if row.get("started")
+            else (_mtime(folder / "config.json") if folder else None)
+        )
         runner_end = _mtime(folder / "result.json") if folder else None
         end = row["finished"] / 1000 if row.get("finished") else runner_end
         runs.append({
@@ -106,23 +110,41 @@ def timeline(home: Path, t0: float | list[float] | None = None) -> dict:
     # Run folders with no ledger row: runs stopped from outside (a stop ends the run with no result).
     cancelled = []
     for folder in sorted((home / "runs").glob("*/*")):
-        if folder.is_dir() and folder.resolve() not in seen_dirs and (folder / "config.json").exists():
-            cancelled.append({"folder": folder.name, "start": _mtime(folder / "config.json"),
-                              "last_write": max(filter(None, (_mtime(p) for p in folder.rglob("*"))), default=None)})
+        if (
+            folder.is_dir()
+            and folder.resolve() not in seen_dirs
+            and (folder / "config.json").exists()
+        ):
+            cancelled.append(
+                {
+                    "folder": folder.name,
+                    "start": _mtime(folder / "config.json"),
+                    "last_write": max(
+                        filter(None, (_mtime(p) for p in folder.rglob("*"))), default=None
+                    ),
+                }
+            )
     runs.sort(key=lambda r: (r["end"] is None, r["end"] or 0))
     starts = sorted([t0] if isinstance(t0, (int, float)) else t0 or [])
     starts = starts or [min((r["start"] for r in runs if r["start"]), default=0.0)]
     node_time = _node_clock(starts, [r["end"] for r in runs] + [c["last_write"] for c in cancelled])
     previous, head, baseline_scores, researched = starts[0], None, [], False
     for r in runs:
-        restart = max((s for s in starts if r["start"] is not None and s <= r["start"]), default=starts[0])
+        restart = max(
+            (s for s in starts if r["start"] is not None and s <= r["start"]), default=starts[0]
+        )
         previous = max(previous, restart)  # the node was down in between: not a cycle of its own
         total, train = r["total_seconds"], r["train_seconds"]
         r["cycle"] = r["end"] - previous if r["end"] is not None else None
         r["before"] = r["start"] - previous if r["start"] is not None else None
-        r["after"] = r["end"] - r["start"] - total if None not in (r["end"], r["start"], total) else None
-        r["exit"] = (total - r["startup_seconds"] - train - r["eval_seconds"]
-                     if None not in (total, r["startup_seconds"], train, r["eval_seconds"]) else None)
+        r["after"] = (
+            r["end"] - r["start"] - total if None not in (r["end"], r["start"], total) else None
+        )
+        r["exit"] = (
+            total - r["startup_seconds"] - train - r["eval_seconds"]
+            if None not in (total, r["startup_seconds"], train, r["eval_seconds"])
+            else None
+        )
         r["overhead"] = r["cycle"] - train if None not in (r["cycle"], train) else None
         if r["kind"] == "baseline" and r["val_bpb"] is not None:
             if r["description"] == "noise" and not researched:  # the head is their mean
@@ -138,8 +160,14 @@ def timeline(home: Path, t0: float | list[float] | None = None) -> dict:
         previous = r["end"] if r["end"] is not None else previous
     for c in cancelled:
         c["at"] = node_time(c["start"])
-    return {"home": str(home), "t0": starts[0], "restarts_at": [node_time(t) for t in starts[1:]], "runs": runs,
-            "cancelled": cancelled, "summary": summarise(runs)}
+    return {
+        "home": str(home),
+        "t0": starts[0],
+        "restarts_at": [node_time(t) for t in starts[1:]],
+        "runs": runs,
+        "cancelled": cancelled,
+        "summary": summarise(runs),
+    }
 
 
 def _node_clock(starts: list[float], events: list[float | None]):
@@ -167,19 +195,36 @@ def summarise(runs: list[dict]) -> dict:
     for r in research:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
     timed = [r for r in runs if r["overhead"] is not None and r["train_seconds"]]
-    mean = lambda key, rs: statistics.fmean([r[key] for r in rs if r[key] is not None]) if rs else None  # noqa: E731
+
+    def mean(key: str, rs: list[dict]) -> float | None:
+        return statistics.fmean([r[key] for r in rs if r[key] is not None]) if rs else None
+
     budgets = [r["budget"] for r in runs if r["budget"]]
     budget = statistics.fmean(budgets) if budgets else None
     summary = {
-        "runs": len(runs), "baseline_runs": sum(r["kind"] == "baseline" for r in runs),
-        "verify_runs": sum(r["kind"] == "verify" for r in runs), "research": outcomes,
-        "budget_seconds": budget, "timed_runs": len(timed),
+        "runs": len(runs),
+        "baseline_runs": sum(r["kind"] == "baseline" for r in runs),
+        "verify_runs": sum(r["kind"] == "verify" for r in runs),
+        "research": outcomes,
+        "budget_seconds": budget,
+        "timed_runs": len(timed),
     }
-    for key in ("cycle", "before", "startup_seconds", "train_seconds", "eval_seconds", "exit", "after", "overhead"):
+    for key in (
+        "cycle",
+        "before",
+        "startup_seconds",
+        "train_seconds",
+        "eval_seconds",
+        "exit",
+        "after",
+        "overhead",
+    ):
         summary[f"mean_{key}"] = mean(key, timed)
     if timed and budget:
         summary["overhead_share_of_budget"] = summary["mean_overhead"] / budget
-        summary["training_share_of_wall"] = sum(r["train_seconds"] for r in timed) / sum(r["cycle"] for r in timed)
+        summary["training_share_of_wall"] = sum(r["train_seconds"] for r in timed) / sum(
+            r["cycle"] for r in timed
+        )
         summary["experiments_per_hour"] = 3600 / summary["mean_cycle"]
     heads = [(r["at"], r["head_val_bpb"]) for r in runs if r["head_val_bpb"] is not None]
     summary["head"] = [h for i, h in enumerate(heads) if i == 0 or h[1] != heads[i - 1][1]]
@@ -192,36 +237,52 @@ def _f(value, spec: str = ".1f") -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--home", type=Path, required=True, help="the node's home (or a copy of it)")
-    parser.add_argument("--t0", type=float, nargs="+",
-                        help="the node's start, then each restart (Unix seconds); default: the first run's start")
+    parser.add_argument(
+        "--home", type=Path, required=True, help="the node's home (or a copy of it)"
+    )
+    parser.add_argument(
+        "--t0",
+        type=float,
+        nargs="+",
+        help="the node's start, then each restart (Unix seconds); default: the first run's start",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     data = timeline(args.home, args.t0)
     if args.json:
         print(json.dumps(data, indent=1))
         return
-    print(f"{'id':>3} {'at s':>6} {'kind':8} {'outcome':8} {'val_bpb':>7} {'head':>7} {'cycle':>6} {'before':>6} "
-          f"{'start':>6} {'train':>6} {'eval':>5} {'exit':>5} {'after':>5} {'ovh':>5}  description")
+    print(
+        f"{'id':>3} {'at s':>6} {'kind':8} {'outcome':8} {'val_bpb':>7} {'head':>7} {'cycle':>6} {'before':>6} "
+        f"{'start':>6} {'train':>6} {'eval':>5} {'exit':>5} {'after':>5} {'ovh':>5}  description"
+    )
     for r in data["runs"]:
-        print(f"{r['id']:>3} {_f(r['at'], '.0f'):>6} {r['kind']:8} {r['outcome']:8} {_f(r['val_bpb'], '.4f'):>7} "
-              f"{_f(r['head_val_bpb'], '.4f'):>7} {_f(r['cycle']):>6} {_f(r['before']):>6} {_f(r['startup_seconds']):>6} "
-              f"{_f(r['train_seconds']):>6} {_f(r['eval_seconds']):>5} {_f(r['exit']):>5} {_f(r['after']):>5} "
-              f"{_f(r['overhead']):>5}  {r['description'][:60]}")
+        print(
+            f"{r['id']:>3} {_f(r['at'], '.0f'):>6} {r['kind']:8} {r['outcome']:8} {_f(r['val_bpb'], '.4f'):>7} "
+            f"{_f(r['head_val_bpb'], '.4f'):>7} {_f(r['cycle']):>6} {_f(r['before']):>6} {_f(r['startup_seconds']):>6} "
+            f"{_f(r['train_seconds']):>6} {_f(r['eval_seconds']):>5} {_f(r['exit']):>5} {_f(r['after']):>5} "
+            f"{_f(r['overhead']):>5}  {r['description'][:60]}"
+        )
     for c in data["cancelled"]:
         print(f"  -  {_f(c['at'], '.0f'):>6} stopped with no result: {c['folder']}")
     for at in data["restarts_at"]:
         print(f"  -  {at:>6.0f} the node restarted (node time: the time it was down is left out)")
     s = data["summary"]
-    print(f"\nruns {s['runs']} (baseline {s['baseline_runs']}, verify {s['verify_runs']}); research outcomes "
-          f"{s['research'] or '{}'}")
+    print(
+        f"\nruns {s['runs']} (baseline {s['baseline_runs']}, verify {s['verify_runs']}); research outcomes "
+        f"{s['research'] or '{}'}"
+    )
     if s.get("experiments_per_hour"):
-        print(f"per run (mean of {s['timed_runs']}): cycle {s['mean_cycle']:.1f} s = before {s['mean_before']:.1f} "
-              f"+ start-up {s['mean_startup_seconds']:.1f} + train {s['mean_train_seconds']:.1f} + eval "
-              f"{s['mean_eval_seconds']:.1f} + exit {s['mean_exit']:.1f} + after {s['mean_after']:.1f}")
-        print(f"overhead {s['mean_overhead']:.1f} s = {s['overhead_share_of_budget']:.1%} of the "
-              f"{s['budget_seconds']:.0f} s budget; training {s['training_share_of_wall']:.1%} of the wall time; "
-              f"{s['experiments_per_hour']:.1f} experiments an hour")
+        print(
+            f"per run (mean of {s['timed_runs']}): cycle {s['mean_cycle']:.1f} s = before {s['mean_before']:.1f} "
+            f"+ start-up {s['mean_startup_seconds']:.1f} + train {s['mean_train_seconds']:.1f} + eval "
+            f"{s['mean_eval_seconds']:.1f} + exit {s['mean_exit']:.1f} + after {s['mean_after']:.1f}"
+        )
+        print(
+            f"overhead {s['mean_overhead']:.1f} s = {s['overhead_share_of_budget']:.1%} of the "
+            f"{s['budget_seconds']:.0f} s budget; training {s['training_share_of_wall']:.1%} of the wall time; "
+            f"{s['experiments_per_hour']:.1f} experiments an hour"
+        )
     print("head val_bpb over time: " + ", ".join(f"{at:.0f} s {v:.4f}" for at, v in s["head"]))
 
 

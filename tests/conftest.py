@@ -204,7 +204,13 @@ def worker_builds_on(home: Path, head: str) -> bool:
 
             adopted, own = state.get("adopted"), state.get("head")
             return bool(adopted and own) and (
-                descends_from(adopted, head, kept_parent) and descends_from(own, adopted, kept_parent)
+                descends_from(adopted, head, kept_parent)
+                and descends_from(own, adopted, kept_parent)
             )
-    except (OSError, ValueError, sqlite3.OperationalError, LedgerError):  # being written: look again
+    except (
+        OSError,
+        ValueError,
+        sqlite3.OperationalError,
+        LedgerError,
+    ):  # being written: look again
         return False

@@ -32,7 +32,11 @@ from node.trainer.sandbox import SANDBOX_UID_BASE, processes_of
 pytestmark = pytest.mark.sandbox
 
 ATTACK = dataclasses.replace(
-    get_profile("test"), budget_tokens=2**15, startup_seconds=30, max_train_seconds=4, eval_seconds=30
+    get_profile("test"),
+    budget_tokens=2**15,
+    startup_seconds=30,
+    max_train_seconds=4,
+    eval_seconds=30,
 )
 SECRET = "sk-live-0123456789abcdef"  # in the runner's environment and in the planted key and ledger
 HEAD = "from node.trainer.harness import session\nS = session()\n"
@@ -225,7 +229,9 @@ ATTACKS = {
             "import node.trainer.scorer as scorer\n"
             "scorer.evaluate_bpb = lambda *a, **k: {'val_bpb': 0.01, 'eval_tokens': 8192, 'eval_bytes': 1, 'eval_nats': 0.0}\n"
             "import node.trainer.causality as causality\n"
-            "causality.Checker.check_batch = lambda *a, **k: None\n" + UNTRAINED + "S.finish(model)\n"
+            "causality.Checker.check_batch = lambda *a, **k: None\n"
+            + UNTRAINED
+            + "S.finish(model)\n"
         ),
     ),
     "hands the scorer a model file that runs code": (True, PROBE + UNTRAINED + POISONED_EXPORT),

@@ -162,7 +162,9 @@ class Verifier:
     def seed(self, claim: dict) -> int:
         """The seed of this verifier's latest look at `claim`: its own, as a node's seeds are
         (two verifiers on one seed would be one look, replayed)."""
-        digest = hashlib.sha256(f"{self.me.peer_id} {claim['parent']} {self.looks[claim['id']]}".encode())
+        digest = hashlib.sha256(
+            f"{self.me.peer_id} {claim['parent']} {self.looks[claim['id']]}".encode()
+        )
         return int.from_bytes(digest.digest()[:4]) >> 1
 
     def start(self, pool: ProcessPoolExecutor, claim: dict, data) -> Future:
@@ -262,7 +264,10 @@ def hostile_plan(raw: Identity, colluder: Identity, fakes: list[str], win_raw: b
     # An invitation of its colluder, which only the organiser may sign.
     invitation = wire.sign(raw, "invitation", CAMPAIGN, 3, {"member": colluder.public_key}, now)
     publish = (
-        [impostor.raw, invitation.raw] + confirm + forged + [f.raw for f in equivocations + future]
+        [impostor.raw, invitation.raw]
+        + confirm
+        + forged
+        + [f.raw for f in equivocations + future]
         + [win_raw] * 3
     )
     return {"seed": raw.seed.hex(), "publish": [m.hex() for m in publish],

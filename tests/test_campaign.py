@@ -168,11 +168,15 @@ def test_a_budget_that_reads_the_data_more_than_four_times_is_named_with_the_two
         "20.0 times, so val_bpb will measure memorising more than learning: give it more data "
         "(--data web:fineweb-edu, or urls:FILE) or a smaller budget (--budget gpu=100674300)"
     )
-    assert budget_warning("gpu", 100_663_296, manifest, "--budget gpu={budget}") is None  # 4.0 reads
+    assert (
+        budget_warning("gpu", 100_663_296, manifest, "--budget gpu={budget}") is None
+    )  # 4.0 reads
     assert budget_warning("gpu", 503_316_480, {}, "--budget gpu={budget}") is None  # not counted
 
 
-def test_a_campaign_fixes_its_budget_to_suit_its_data_and_says_when_it_reads_it_too_often(made, tmp_path):
+def test_a_campaign_fixes_its_budget_to_suit_its_data_and_says_when_it_reads_it_too_often(
+    made, tmp_path
+):
     """`--budget` pins a budget that suits the data in silence; one that reads the training split
     more than four times is pinned too (the organiser decides), with one line saying so when the
     campaign is made and again when a node joins it."""
@@ -191,7 +195,9 @@ def test_a_campaign_fixes_its_budget_to_suit_its_data_and_says_when_it_reads_it_
     assert over.returncode == 0 and len(said) == 1, over.stderr
     assert (
         f"test: a budget of {5 * train:,} tokens reads the {train:,} training tokens of "
-        "embedded:small 5.0 times" in said[0] and f"--budget test={4 * train})" in said[0]
+        "embedded:small 5.0 times"
+        in said[0]
+        and f"--budget test={4 * train})" in said[0]
     )
     assert pinned_budget(load_campaign(tmp_path / "over.json"), "test") == 5 * train
     node = Process("join", "--campaign", str(tmp_path / "over.json"), "--profile", "test", "--listen",
@@ -204,12 +210,16 @@ def test_a_campaign_fixes_its_budget_to_suit_its_data_and_says_when_it_reads_it_
             rf"swarm campaign new --budget test={4 * train}\)",
             120,
         )
-        node.wait_for(rf"node \w+: campaign over, profile test, .*, {5 * train} training tokens a run", 60)
+        node.wait_for(
+            rf"node \w+: campaign over, profile test, .*, {5 * train} training tokens a run", 60
+        )
     finally:
         assert node.stop() == 0
 
 
-def test_a_campaign_file_that_pins_a_budget_of_no_tokens_is_refused_in_one_line(made, tmp_path, bob):
+def test_a_campaign_file_that_pins_a_budget_of_no_tokens_is_refused_in_one_line(
+    made, tmp_path, bob
+):
     path, env, _ = made
     campaign = load_campaign(path)
     pins = {**campaign.fact.body["data"], "test.budget": "0"}
@@ -221,7 +231,10 @@ def test_a_campaign_file_that_pins_a_budget_of_no_tokens_is_refused_in_one_line(
                        str(tmp_path / "h"), env=env)  # fmt: skip
     lines = [line for line in joined.stderr.splitlines() if line.strip()]
     assert joined.returncode == 1 and len(lines) == 1, joined.stderr
-    assert "campaign zero pins the budget '0' for test: expected a positive number of tokens" in lines[0]
+    assert (
+        "campaign zero pins the budget '0' for test: expected a positive number of tokens"
+        in lines[0]
+    )
 
 
 @pytest.mark.sandbox  # a node runs peers' code only in the sandbox
@@ -332,7 +345,9 @@ def test_a_campaign_with_members_lists_them_signed_and_a_node_judges_by_its_comm
         for k, who in enumerate((bob, carol)):  # two of its committee, each on seeds of its own
             for seed in range(2):
                 book.ingest(
-                    wire.sign(who, "verification", "team", seed + 1, {**body, "seed": 2 * k + seed}).raw
+                    wire.sign(
+                        who, "verification", "team", seed + 1, {**body, "seed": 2 * k + seed}
+                    ).raw
                 )
         assert book.rows("SELECT state, seeds FROM claims") == [{"state": "verified", "seeds": 4}]
 
@@ -363,7 +378,9 @@ def test_the_organiser_invites_a_member_later_and_only_claims_made_since_count_i
     assert invited.returncode == 0, invited.stderr
     assert f"invited {carol.peer_id} into team" in invited.stdout
     with sqlite3.connect(home / "ledger.db") as conn:
-        raw, since = conn.execute("SELECT raw, time FROM facts WHERE kind = 'invitation'").fetchone()
+        raw, since = conn.execute(
+            "SELECT raw, time FROM facts WHERE kind = 'invitation'"
+        ).fetchone()
     shown = run_swarm("campaign", "show", str(out), "--json", "--home", str(home), env=env)
     assert json.loads(shown.stdout)["invited"] == [carol.peer_id], shown.stderr
 
@@ -373,7 +390,9 @@ def test_the_organiser_invites_a_member_later_and_only_claims_made_since_count_i
         ((str(open_file), carol.peer_id), "is open"),
     ):
         bad = run_swarm("campaign", "invite", *args, "--home", str(home), env=env)
-        assert bad.returncode != 0 and said in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+        assert bad.returncode != 0 and said in bad.stderr and "Traceback" not in bad.stderr, (
+            bad.stderr
+        )
     (tmp_path / "other").mkdir()
     load_identity(tmp_path / "other")
     stranger = run_swarm("campaign", "invite", str(out), carol.peer_id, "--home",
@@ -398,7 +417,9 @@ def test_the_organiser_invites_a_member_later_and_only_claims_made_since_count_i
             for seed in range(4):
                 seq += 1
                 body = wire.verification_body(result=result.id, seed=seed, **look)
-                book.ingest(wire.sign(carol, "verification", "team", seq, body, since).raw, now_ms=since)
+                book.ingest(
+                    wire.sign(carol, "verification", "team", seq, body, since).raw, now_ms=since
+                )
         states = "SELECT id, state, seeds FROM claims ORDER BY id"
         assert {r["state"] for r in book.rows(states)} == {"open"}  # carol is nobody yet
 
@@ -407,7 +428,9 @@ def test_the_organiser_invites_a_member_later_and_only_claims_made_since_count_i
         assert isinstance(refused, wire.Rejection) and refused.reason is wire.Reason.impostor
         assert book.rules("test").invited == ()
         with Ledger(tmp_path / "bootstrap.db", campaign="team") as relay:  # knows no organiser
-            assert relay.ingest(forged.raw, now_ms=since) == forged  # kept and relayed, counts nowhere
+            assert (
+                relay.ingest(forged.raw, now_ms=since) == forged
+            )  # kept and relayed, counts nowhere
 
         assert book.ingest(raw, now_ms=since).id == wire.decode(raw).id  # the organiser's
         rules = book.rules("test")

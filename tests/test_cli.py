@@ -18,7 +18,9 @@ from conftest import Process, wait_until
 from node.gossip.peer import STATUS_FILE
 
 
-def swarm(*args: str, cache=None, home=None, env: dict | None = None) -> subprocess.CompletedProcess:
+def swarm(
+    *args: str, cache=None, home=None, env: dict | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", **(env or {})}
     if cache is not None:
         env["SWARM_DATA"] = str(cache)
@@ -71,7 +73,11 @@ def test_a_malformed_bootstrap_or_gpus_is_refused_before_any_key_or_data_is_writ
 def test_an_unusable_home_is_a_one_line_error(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")
-    writers = (["join", "--profile", "test"], ["keys", "show"], ["data", "build", "--profile", "test"])
+    writers = (
+        ["join", "--profile", "test"],
+        ["keys", "show"],
+        ["data", "build", "--profile", "test"],
+    )
     readers = (["status"], ["ledger", "summary"], ["report", "--out", str(tmp_path / "r")])
     for home, words in [(a_file, "is not a directory"), (a_file / "below", "cannot make the home")]:
         for args in (*writers, *readers):
@@ -150,7 +156,9 @@ def test_status_and_peers_say_when_a_node_stopped_and_round_what_they_show(tmp_p
             assert live.returncode == 0 and "not running" not in live.stdout, live.stdout
         shown = swarm("status", "--home", str(home)).stdout
         assert "val_bpb 2.3096 " in shown and "2.30957" not in shown
-        assert re.search(r"updated +│ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s ago\)", shown), shown
+        assert re.search(r"updated +│ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s ago\)", shown), (
+            shown
+        )
         assert json.loads(swarm("status", "--json", "--home", str(home)).stdout)["running"] is True
     finally:
         assert node.stop() == 0

@@ -38,7 +38,9 @@ class Counting(CompileCache):
 
 def files_of(root) -> dict[str, int]:
     return {
-        os.path.relpath(os.path.join(folder, name), root): os.lstat(os.path.join(folder, name)).st_size
+        os.path.relpath(os.path.join(folder, name), root): os.lstat(
+            os.path.join(folder, name)
+        ).st_size
         for folder, _, names in os.walk(root)
         for name in names
     }

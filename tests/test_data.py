@@ -21,8 +21,11 @@ from node.trainer.corpus import _deb_data, chunks, clean, is_validation
 from node.trainer.scorer import evaluate_bpb
 from node.trainer.tokenizer import load_tokenizer, train_tokenizer
 
-TEXTS = ["The quick brown fox jumps over the lazy dog. " * 20, "Ünïcödé wörds, naïve café ✓ 東京 " * 20,
-         "def f(x):\n    return x * 2\n" * 20]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. " * 20,
+    "Ünïcödé wörds, naïve café ✓ 東京 " * 20,
+    "def f(x):\n    return x * 2\n" * 20,
+]
 
 
 def test_same_text_gives_the_same_tokenizer_hash_and_other_text_another(tmp_path):
@@ -56,11 +59,14 @@ def test_bpb_matches_a_hand_computed_example_with_multibyte_tokens_and_bos_exclu
         def forward(self, idx):
             return torch.zeros(*idx.shape, 4)
 
-    score = evaluate_bpb(Uniform(), val, token_bytes, seq_len=4, rows=2, batch_size=1,
-                         device=torch.device("cpu"))
+    score = evaluate_bpb(
+        Uniform(), val, token_bytes, seq_len=4, rows=2, batch_size=1, device=torch.device("cpu")
+    )
     targets = val[1:9]
     counted = [t for t in targets if token_bytes[t] > 0]  # the BOS target is left out of both sums
-    expected = len(counted) * math.log(4) / (math.log(2) * sum(int(token_bytes[t]) for t in counted))
+    expected = (
+        len(counted) * math.log(4) / (math.log(2) * sum(int(token_bytes[t]) for t in counted))
+    )
     assert len(counted) == 7 and sum(int(token_bytes[t]) for t in counted) == 13
     assert score["val_bpb"] == pytest.approx(expected, rel=1e-6)  # float32 cross-entropy
     assert score["val_bpb"] == pytest.approx(7 * 2 / 13)  # ln 4 / ln 2 = 2 bits per counted target
@@ -84,15 +90,21 @@ def test_a_file_that_is_not_a_debian_package_is_refused():
 
 
 def test_the_small_corpus_builds_with_disjoint_splits_and_a_manifest(small_data, data_cache):
-    manifest = (data_cache / "corpus" / "small" / "manifest.json")
+    manifest = data_cache / "corpus" / "small" / "manifest.json"
     assert manifest.exists()
-    assert small_data.manifest["val_tokens"] > 50_000 and small_data.manifest["train_tokens"] > 1_000_000
+    assert (
+        small_data.manifest["val_tokens"] > 50_000
+        and small_data.manifest["train_tokens"] > 1_000_000
+    )
     assert small_data.manifest["vocab_size"] == get_profile("test").vocab_size
     train = set((data_cache / "corpus" / "small" / "train.txt").read_text().split("\0")[:300])
     val = set((data_cache / "corpus" / "small" / "val.txt").read_text().split("\0"))
     assert val and not (train & val)
     tokens = np.fromfile(small_data.val_path, dtype=np.uint16)
-    assert tokens[0] == small_data.manifest["bos_id"] and tokens.max() < small_data.manifest["vocab_size"]
+    assert (
+        tokens[0] == small_data.manifest["bos_id"]
+        and tokens.max() < small_data.manifest["vocab_size"]
+    )
     again = prepare_data(get_profile("test"), data_cache)
     assert again.sha256 == small_data.sha256
 
@@ -108,7 +120,9 @@ def shard_server(tmp_path):
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     rng = np.random.default_rng(0)
     docs = [" ".join(rng.choice(words, 200)) + "." for _ in range(200)]
-    pq.write_table(pa.table({"text": docs[:100], "id": list(range(100))}), served / "shard_0.parquet")
+    pq.write_table(
+        pa.table({"text": docs[:100], "id": list(range(100))}), served / "shard_0.parquet"
+    )
     pq.write_table(pa.table({"text": docs[100:180]}), served / "shard_1.parquet")
     (served / "val.txt").write_text("\n\n\n".join(docs[180:]))
     handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
@@ -123,13 +137,17 @@ def test_two_processes_sharing_a_cache_build_it_once_and_both_get_the_same_data(
     small_data, data_cache, tmp_path
 ):
     shared = tmp_path / "shared"
-    shutil.copytree(data_cache / "downloads", shared / "downloads")  # no second fetch from the registries
+    shutil.copytree(
+        data_cache / "downloads", shared / "downloads"
+    )  # no second fetch from the registries
     code = (
         "import sys; from pathlib import Path; from node.trainer import get_profile, prepare_data; "
         "print(prepare_data(get_profile('test'), Path(sys.argv[1]), print).sha256)"
     )
     both = [
-        subprocess.Popen([sys.executable, "-c", code, str(shared)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(shared)], stdout=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     outputs = [process.communicate(timeout=600)[0] for process in both]
@@ -141,8 +159,10 @@ def test_two_processes_sharing_a_cache_build_it_once_and_both_get_the_same_data(
 
 def test_web_shards_download_from_a_url_list_and_the_last_one_is_validation(shard_server, tmp_path):
     urls = tmp_path / "urls.txt"
-    urls.write_text(f"# two training shards, then validation\n{shard_server}/shard_0.parquet\n"
-                    f"{shard_server}/shard_1.parquet\n{shard_server}/val.txt\n")
+    urls.write_text(
+        f"# two training shards, then validation\n{shard_server}/shard_0.parquet\n"
+        f"{shard_server}/shard_1.parquet\n{shard_server}/val.txt\n"
+    )
     profile = get_profile("test", f"urls:{urls}")
     data = prepare_data(profile, tmp_path / "cache")
     tok = data.tokenizer()

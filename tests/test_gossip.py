@@ -51,7 +51,9 @@ class Node:
 
     def _addr(self) -> str | None:
         if self.proc.poll() is not None:
-            raise AssertionError(f"{self.home.name} exited: {(self.home / 'node.log').read_text()[-2000:]}")
+            raise AssertionError(
+                f"{self.home.name} exited: {(self.home / 'node.log').read_text()[-2000:]}"
+            )
         status = self.status()
         return status["addrs"][0] if status and status["addrs"] else None
 
@@ -95,7 +97,9 @@ def swarm(tmp_path: Path) -> Iterator[Callable[..., Node]]:
     nodes: list[Node] = []
 
     def start(name: str, *args: str, peer: bool = True) -> Node:
-        command = ["peer", "--campaign", CAMPAIGN] if peer else ["bootstrap", "--campaign", CAMPAIGN]
+        command = (
+            ["peer", "--campaign", CAMPAIGN] if peer else ["bootstrap", "--campaign", CAMPAIGN]
+        )
         node = Node(tmp_path / name, [*command, "--listen", LOOPBACK, *args])
         nodes.append(node)
         return node
@@ -130,7 +134,9 @@ def test_every_fact_published_by_any_node_reaches_every_ledger(swarm) -> None:
     wait_until(lambda: not any(_missing_versions(n) for n in nodes), "versions fetched by hash")
     # Peer exchange: each node found the others, not only the bootstrap.
     peer_ids = {n.peer_id for n in nodes}
-    wait_until(lambda: all(len(n.connected() & peer_ids) >= 3 for n in nodes), "peers beyond the bootstrap")
+    wait_until(
+        lambda: all(len(n.connected() & peer_ids) >= 3 for n in nodes), "peers beyond the bootstrap"
+    )
     for node in everyone:
         assert node.status()["counts"]["rejected"] == 0
 
@@ -149,7 +155,9 @@ def test_bootstrap_can_vanish_and_a_restarted_node_rejoins_through_any_peer(swar
     while_down = {a.publish(2)}
     c_again = swarm("c", "--bootstrap", b.addr)  # the same home: same key, same ledger
     assert c_again.peer_id == c.peer_id
-    wait_until(lambda: {a.peer_id, b.peer_id} <= c_again.connected(), "the restarted node to rejoin")
+    wait_until(
+        lambda: {a.peer_id, b.peer_id} <= c_again.connected(), "the restarted node to rejoin"
+    )
     after = {b.publish(2)}
     wait_until(lambda: _all_hold([a, b, c_again], first | while_down | after),
                "the restarted node to catch up and hear new facts")  # fmt: skip
@@ -162,12 +170,16 @@ def test_a_late_joiner_holds_every_earlier_fact_after_sync(swarm, tmp_path: Path
     boot = swarm("boot", peer=False)
     early = [swarm(f"e{i}", "--bootstrap", boot.addr, "--publish-every", "0.5", "--publish-count", "3")
              for i in range(2)]  # fmt: skip
-    wait_until(lambda: all(len(n.results()) >= 9 for n in early), "the early nodes to exchange 9 results")
+    wait_until(
+        lambda: all(len(n.results()) >= 9 for n in early), "the early nodes to exchange 9 results"
+    )
     before = set().union(*(n.results() for n in early))
     assert offline < before
     late = swarm("late", "--bootstrap", early[1].addr)
     wait_until(lambda: before <= late.results(), "the late joiner to sync every earlier fact")
-    wait_until(lambda: late.status()["counts"]["synced"] >= len(offline), "the count of synced facts")
+    wait_until(
+        lambda: late.status()["counts"]["synced"] >= len(offline), "the count of synced facts"
+    )
 
 
 def test_a_large_version_is_fetched_by_hash_in_chunks_after_sync(swarm, tmp_path: Path) -> None:
@@ -215,7 +227,9 @@ def test_a_hostile_peer_is_dropped_and_harms_no_one(swarm, tmp_path: Path) -> No
         for node in (a, b):
             wait_until(lambda n=node: {hostile_id, junker_id} <= set(n.status()["banned"]),
                        f"{node.home.name} to ban both")  # fmt: skip
-            wait_until(lambda n=node: hostile_id not in n.connected(), f"{node.home.name} to drop it")
+            wait_until(
+                lambda n=node: hostile_id not in n.connected(), f"{node.home.name} to drop it"
+            )
             assert node.proc.poll() is None
             counts = node.status()["counts"]
             assert counts["junk"] >= 1 and counts["rejected"] >= 1
@@ -311,7 +325,9 @@ def _hostile(campaign: str, targets: list[str]) -> None:
     def _signed_msg(key, pubsub, topic: str, data: bytes):
         msg = rpc_pb2.Message(data=data, topicIDs=[topic], from_id=pubsub.my_id.to_bytes(),
                               seqno=os.urandom(8))  # fmt: skip
-        msg.signature = key.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
+        msg.signature = key.private_key.sign(
+            PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString()
+        )
         msg.key = key.public_key.serialize()
         return msg
 

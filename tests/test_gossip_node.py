@@ -90,7 +90,9 @@ def test_wildcard_listen_addresses_are_announced_as_dialable_ones() -> None:
     addrs = dialable_addrs(["/ip4/0.0.0.0/tcp/4001"], PEER)
     assert f"/ip4/127.0.0.1/tcp/4001/p2p/{PEER}" in addrs
     assert not any("0.0.0.0" in a for a in addrs)
-    assert dialable_addrs([f"/ip4/10.0.0.2/tcp/5/p2p/{PEER}"], PEER) == [f"/ip4/10.0.0.2/tcp/5/p2p/{PEER}"]
+    assert dialable_addrs([f"/ip4/10.0.0.2/tcp/5/p2p/{PEER}"], PEER) == [
+        f"/ip4/10.0.0.2/tcp/5/p2p/{PEER}"
+    ]
 
 
 def _swarm(*args: str) -> subprocess.CompletedProcess:
@@ -99,7 +101,9 @@ def _swarm(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_bad_addresses_are_one_line_errors(tmp_path: Path) -> None:
-    bad_listen = _swarm("bootstrap", "--listen", "/ip4/127.0.0.1/tcp/notaport", "--home", str(tmp_path))
+    bad_listen = _swarm(
+        "bootstrap", "--listen", "/ip4/127.0.0.1/tcp/notaport", "--home", str(tmp_path)
+    )
     no_peer_id = _swarm("peer", "--campaign", "c", "--bootstrap", "/ip4/127.0.0.1/tcp/1",
                         "--listen", "/ip4/127.0.0.1/tcp/0", "--home", str(tmp_path))  # fmt: skip
     bad_campaign = _swarm("peer", "--campaign", "two words", "--listen", "/ip4/127.0.0.1/tcp/0",

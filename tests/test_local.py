@@ -37,7 +37,9 @@ def test_the_live_table_shows_each_nodes_change_phase_counts_and_verifications()
 
 def test_the_progress_line_names_the_change_and_the_phase():
     line = progress_line(ROWS, 60.0)
-    assert line.startswith("[ 1.0 min left] node0 3.0207: MUON_MOMENTUM_START 0.95 -> 0.9 train 45%")
+    assert line.startswith(
+        "[ 1.0 min left] node0 3.0207: MUON_MOMENTUM_START 0.95 -> 0.9 train 45%"
+    )
     assert "\x1b" not in line and "node1: [bold]peer text[/] \\x1b[31m score" in line
 
 

@@ -85,6 +85,7 @@ def test_offline_proposer_steps_no_constant_a_run_scored_exactly_as_its_parent()
     """LOSS_CHUNKS is read only by the gpu recipe: once one step of it scored as its parent on
     every seed, no other step of it (alone or in a pair) is proposed; a step that moved the
     score closes nothing."""
+
     def proposals(history: tuple[Attempt, ...]) -> list[str]:
         proposer, out = OfflineProposer(3), []
         context = Context(BASELINE, profile="demo", history=history)
@@ -392,7 +393,9 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
                 result=worse.id, child_val_bpb=1.52, parent_val_bpb=1.5, seed=200 + seed,
                 profile="test", harness=harness_sha256(get_profile("test")), verdict="refute",
             )  # fmt: skip
-            book.ingest(wire.sign(bob, "verification", CAMPAIGN, book.next_seq(bob.public_key), look).raw)
+            book.ingest(
+                wire.sign(bob, "verification", CAMPAIGN, book.next_seq(bob.public_key), look).raw
+            )
         states = {r["id"]: r["state"] for r in book.rows("SELECT id, state FROM claims")}
         assert states[worse.id] == "refuted", states
         context = context_from_ledger(book, NARROW_SOFTCAP, "test")
@@ -407,7 +410,10 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
     (refuted,) = context.refuted
     assert refuted.description == "Logit softcap 30" and refuted.gain < 0
     _, user = build_messages(context)
-    assert f"- a win: {step.gain:+.4f} +- {step.se:.4f} bpb gain, {step.seeds} seeds" in user["content"]
+    assert (
+        f"- a win: {step.gain:+.4f} +- {step.se:.4f} bpb gain, {step.seeds} seeds"
+        in user["content"]
+    )
     assert "Logit softcap 30" in user["content"] and "refuted on the way" in user["content"]
 
 
@@ -444,7 +450,9 @@ def test_offline_proposers_of_sixteen_nodes_take_sixteen_shares_and_a_quiet_node
     assert theirs in mine and order[: len(mine)] == mine  # its share, the inherited one too, first
     seeds_order = [change_hash(BASELINE, child) for description, child
                    in OfflineProposer(0).candidates(BASELINE, "cpu") if "; " not in description]  # fmt: skip
-    assert order == mine + [c for c in seeds_order if c not in mine]  # each part in the seed's order
+    assert order == mine + [
+        c for c in seeds_order if c not in mine
+    ]  # each part in the seed's order
     assert mine == [c for c in seeds_order if c in mine]
 
 
@@ -452,26 +460,34 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
     """A step down of HEAD_LR measured worse by a peer closes that way and opens the other: the
     next proposals step it up and the steps down come last; a move verified on the way here
     comes first again, a step further; a refuted one comes last."""
+
     def order(**evidence) -> list[str]:
         context = Context(BASELINE, PROGRAM, "test", **evidence)
         return [d for d, _ in OfflineProposer(0)._ordered(context) if "; " not in d]
 
-    worse = Attempt("HEAD_LR 0.004 -> 0.002", "discard", 0.09, "h", "12D3KooWpeer", paired=(0.08, 0.1))
+    worse = Attempt(
+        "HEAD_LR 0.004 -> 0.002", "discard", 0.09, "h", "12D3KooWpeer", paired=(0.08, 0.1)
+    )
     plain, told = order(), order(history=(worse,))
     assert not plain[0].startswith("HEAD_LR")  # the seed's order does not start there
     assert told[0].startswith("HEAD_LR 0.004 -> ") and float(told[0].split()[-1]) > 0.004
-    downs = [d for d in told if d.startswith("HEAD_LR 0.004 -> 0.00") and float(d.split()[-1]) < 0.004]
-    assert downs and told[-len(downs):] == downs  # the way the evidence closed, last
+    downs = [
+        d for d in told if d.startswith("HEAD_LR 0.004 -> 0.00") and float(d.split()[-1]) < 0.004
+    ]
+    assert downs and told[-len(downs) :] == downs  # the way the evidence closed, last
     assert sorted(told) == sorted(plain)  # an order, nothing dropped
 
     from node.agent.proposers import Judged
+
     won = Judged("MATRIX_LR 0.028 -> 0.02", 0.03, 0.005, 4, "12D3KooWpeer")  # down won on the way
     refuted = Judged("ADAM_BETAS[0] 0.9 -> 0.8", -0.02, 0.005, 4, "12D3KooWpeer")
     led = order(lineage=(won,), refuted=(refuted,))
     assert led[0].startswith("MATRIX_LR 0.02 -> ") and float(led[0].split()[-1]) < 0.02
     assert led[-1].startswith("ADAM_BETAS[0] 0.8 -> ") and float(led[-1].split()[-1]) < 0.8
     # A move measured on an earlier version of the way counts where this parent holds none.
-    before = Attempt("WARMDOWN 0.4 -> 0.2", "discard", None, "h3", "12D3KooWpeer", paired=(0.03, 0.05))
+    before = Attempt(
+        "WARMDOWN 0.4 -> 0.2", "discard", None, "h3", "12D3KooWpeer", paired=(0.03, 0.05)
+    )
     late = order(earlier=(before,))
     assert late[0].startswith("WARMDOWN 0.4 -> ") and float(late[0].split()[-1]) > 0.4
     here = Attempt("WARMDOWN 0.4 -> 0.28", "discard", None, "h4", "12D3KooWpeer", paired=(-0.02,))

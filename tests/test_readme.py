@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_commands() -> list[str]:
-    block = re.search(r"## Two commands\n\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    block = re.search(
+        r"## Two commands\n\n```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S
+    )
     assert block, "README.md lost its block of two commands"
     return [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
 
@@ -33,21 +35,39 @@ def test_the_main_command_runs_a_local_swarm_that_verifies_and_adopts_a_win(tmp_
     # The README's command as a user runs it, for 3 minutes instead of its 10 (measured in
     # docs/swarm.md); --profile test is its own profile, named so that the test holds if it changes.
     env = {**os.environ, "SWARM_HOME": str(tmp_path / "home"), "SWARM_DATA": str(data_cache)}
-    done = subprocess.run([str(ROOT / "scripts" / "demo"), "--profile", "test", "--minutes", "3", "--json"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "demo"), "--profile", "test", "--minutes", "3", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["profile"] == "test" and result["exit_codes"] == [0, 0, 0, 0]  # bootstrap and 3 nodes
+    assert result["profile"] == "test" and result["exit_codes"] == [
+        0,
+        0,
+        0,
+        0,
+    ]  # bootstrap and 3 nodes
     assert 170 <= result["seconds"] < 500
     for node in result["nodes"]:  # each node's own experiments, counted from its own ledger
         with sqlite3.connect(node["ledger"]) as db:
-            own = db.execute("SELECT COUNT(*) FROM results WHERE author = ?", (node["peer_id"],)).fetchone()[0]
+            own = db.execute(
+                "SELECT COUNT(*) FROM results WHERE author = ?", (node["peer_id"],)
+            ).fetchone()[0]
             every = db.execute("SELECT COUNT(*) FROM results").fetchone()[0]
         assert node["experiments"] == own >= 1 and every > own, node
     # the mission: a win verified by a node other than its author, adopted by every node
     assert result["agreed"] and result["best"] != result["baseline"], result
     first = result["lineage"][0]
-    assert any(look["author"] != first["author"] and look["verdict"] == "confirm" for look in first["looks"])
+    assert any(
+        look["author"] != first["author"] and look["verdict"] == "confirm"
+        for look in first["looks"]
+    )
     assert done.stderr.count(" adopted ") >= 2, done.stderr[-3000:]
-    assert "min left]" in done.stderr  # progress while it ran, one line every 30 s without a terminal
+    assert (
+        "min left]" in done.stderr
+    )  # progress while it ran, one line every 30 s without a terminal
     assert "stopping the nodes" in done.stderr

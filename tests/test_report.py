@@ -157,7 +157,9 @@ def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if found := shutil.which(name):
             return found
-    unavailable("chromium is not installed (scripts/setup --test installs it as root: apt-get install chromium)")
+    unavailable(
+        "chromium is not installed (scripts/setup --test installs it as root: apt-get install chromium)"
+    )
 
 
 def render(page: Path, profile: Path) -> Page:
@@ -288,7 +290,9 @@ def report_in_read_only_folder(folder: Path, out: Path) -> subprocess.CompletedP
     if works:
         command = [*bwrap, "--ro-bind", str(folder), str(folder), *command]
     elif os.geteuid() == 0:
-        unavailable("root ignores file modes and bubblewrap is missing or cannot run: no read-only disk")
+        unavailable(
+            "root ignores file modes and bubblewrap is missing or cannot run: no read-only disk"
+        )
     folder.chmod(0o555)
     try:
         return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)

@@ -180,7 +180,9 @@ def ledger_of(tmp_path, name: str) -> Ledger:
     return Ledger(tmp_path / name / "ledger.db", campaign=CAMPAIGN)
 
 
-def test_a_node_drawn_for_a_claim_on_its_head_looks_at_it_at_the_next_step(book, alice, bob, tmp_path):
+def test_a_node_drawn_for_a_claim_on_its_head_looks_at_it_at_the_next_step(
+    book, alice, bob, tmp_path
+):
     """The claim is on the head alice adopted and she is among the peers its hash draws (of the
     two active, she is the only one who is not its author): her next step is the look, whatever
     `verify_every` says, and research goes ahead from the claimed child once a look favours it
@@ -221,7 +223,9 @@ def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
             result=claim["id"], child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=seed,
             profile="test", harness=harness_sha256(PROFILE), verdict="confirm" if gain > 0 else "refute",
         )  # fmt: skip
-        book.ingest(wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw)
+        book.ingest(
+            wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw
+        )
 
     worker.verify_every = 1
     worker._speculate()
@@ -329,7 +333,9 @@ def test_three_offline_nodes_converge_on_one_head_verified_by_the_quorum(
         heads = {best_head(book, "test", sha(BASELINE), quorum=2) for book in ledgers}
         if len(heads) == 1 and heads != {sha(BASELINE)}:
             break
-    assert len(heads) == 1 and heads != {sha(BASELINE)}, f"no verified common head after {rounds} rounds"
+    assert len(heads) == 1 and heads != {sha(BASELINE)}, (
+        f"no verified common head after {rounds} rounds"
+    )
     head = heads.pop()
     results, verifications = swarm_rows(ledgers[0], "test")
     verified = verified_children(results, verifications, ledgers[0].rules("test", 2))
@@ -422,7 +428,9 @@ def test_a_node_whose_own_chain_starts_from_the_new_head_keeps_building_on_its_c
     worker.proposer = type(worker.proposer)(Scripted(SOFTCAP))
     worker.step()
     assert worker.adopted == sha(NARROW)
-    assert worker.head.source == BOTH  # its own better chain goes on; it did not fall back to NARROW
+    assert (
+        worker.head.source == BOTH
+    )  # its own better chain goes on; it did not fall back to NARROW
 
 
 def test_without_a_sandbox_a_node_runs_only_its_own_code_and_that_of_peers_it_trusts(
@@ -430,10 +438,14 @@ def test_without_a_sandbox_a_node_runs_only_its_own_code_and_that_of_peers_it_tr
 ):
     landscape = Landscape()
     with ledger_of(tmp_path, "bob") as bobs, ledger_of(tmp_path, "carol") as carols:
-        bob_worker = researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0)
+        bob_worker = researcher(
+            bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0
+        )
         assert bob_worker.step().outcome == "keep"
         gossip(bobs, carols)
-        carol_worker = researcher(carols, carol, tmp_path / "carol", Scripted(), landscape, verify_every=1)
+        carol_worker = researcher(
+            carols, carol, tmp_path / "carol", Scripted(), landscape, verify_every=1
+        )
         for _ in range(consensus.HOLD_LOOKS):  # bob's win, verified by carol: the profile's first
             assert carol_worker.step().verdict == "confirm"
         gossip(bobs, book)
@@ -559,7 +571,9 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
         assert [(a.outcome, a.description) for a in second_edits.seen[0].history] == [
             ("running", "MLP_RATIO 4 -> 3")
         ]
-        assert landscape.runs.count(NARROW) == 2 and meanwhile[1].head.source == FOUR_STEPS  # two seeds
+        assert (
+            landscape.runs.count(NARROW) == 2 and meanwhile[1].head.source == FOUR_STEPS
+        )  # two seeds
 
         # The first worker's keep is better: the second moves onto it and merges its own win in.
         merged = second.step()
@@ -580,7 +594,9 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
 def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, tmp_path):
     crew = Crew()
     with ledger_of(tmp_path, "bob") as bobs:
-        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), Landscape(), verify_every=0).step()
+        researcher(
+            bobs, bob, tmp_path / "bob", Scripted(NARROW), Landscape(), verify_every=0
+        ).step()
         gossip(bobs, book)
     meanwhile: list = []
     landscape = Meanwhile(NARROW, lambda: meanwhile.append(second.step()))
@@ -598,7 +614,9 @@ def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, 
     assert [f.kind for f in first.published + second.published] == ["verification", "result"]
 
 
-def test_the_nodes_speed_comes_from_its_own_runs_never_from_a_strangers_claim(book, alice, tmp_path):
+def test_the_nodes_speed_comes_from_its_own_runs_never_from_a_strangers_claim(
+    book, alice, tmp_path
+):
     """A claimed train.py that does no training runs at a huge counted speed: were it counted,
     the node's next honest runs would look like too much work and be voided."""
     worker = researcher(book, alice, tmp_path, Scripted(), Landscape())
@@ -641,11 +659,15 @@ def _verified_claim(book, author, verifier, parent: str, child: str, gain: float
                 result=fact.id, child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=100 + seed,
                 profile="test", harness=harness_sha256(PROFILE), verdict="confirm",
             )  # fmt: skip
-            book.ingest(wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), look).raw)
+            book.ingest(
+                wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), look).raw
+            )
     return fact
 
 
-def test_a_node_re_measures_the_head_it_adopts_as_a_look_at_its_claim(book, alice, bob, carol, tmp_path):
+def test_a_node_re_measures_the_head_it_adopts_as_a_look_at_its_claim(
+    book, alice, bob, carol, tmp_path
+):
     """The look pairs the head on the first seed the node builds on it with: the head runs once,
     for the look and the research after it alike (its verifier's seeds were replayed already)."""
     claim = _verified_claim(book, alice, bob, BASELINE, NARROW, replayed_by=DAVE)
@@ -707,8 +729,9 @@ def test_looks_that_revoke_an_adopted_win_move_every_node_back(book, alice, bob,
     """A win verified by lucky looks (two peers ran the same seeds): the adopter's re-score and
     later audits find no gain, the pooled evidence no longer verifies it, and the head moves
     back to the baseline."""
-    _verified_claim(book, alice, bob, BASELINE, SOFTCAP, gain=0.03, replayed_by=DAVE,
-                    claimed=0.03)  # really +0.02
+    _verified_claim(
+        book, alice, bob, BASELINE, SOFTCAP, gain=0.03, replayed_by=DAVE, claimed=0.03
+    )  # really +0.02
     node = researcher(book, carol, tmp_path, Scripted(), Landscape(), verify_every=1)
     node.start()  # adopts it, and re-scores it: one look
     assert node.adopted == sha(SOFTCAP) and node.rescored is not None

@@ -210,9 +210,7 @@ def test_runs_that_take_turns_start_up_while_another_trains_and_never_train_toge
     assert turns.starting is None and turns.training is None
 
 
-def test_a_run_that_fails_while_it_starts_up_beside_another_runs_again_alone(
-    tmp_path, small_data
-):
+def test_a_run_that_fails_while_it_starts_up_beside_another_runs_again_alone(tmp_path, small_data):
     """A held run whose start-up fails (here: always) runs again once the GPU is free; its result
     is that of a run alone, and the turns are left free."""
     from node.trainer import runner

@@ -206,6 +206,8 @@ def test_the_sandbox_uid_reads_the_system_files_it_is_given():
     # at its first compile when the sandbox's uid cannot reach /etc.
     cmd = bwrap_command(["/bin/sh", "-c", "/sbin/ldconfig -p >/dev/null && cat /etc/passwd"], None, [], "cpu",
                         sandbox_uid())  # fmt: skip
-    done = subprocess.run(cmd, env=clean_environment({}), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        cmd, env=clean_environment({}), capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert "root:" in done.stdout

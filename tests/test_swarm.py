@@ -39,24 +39,64 @@ def consensus_head(home: Path, baseline: str) -> str | None:
 def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data, data_cache):
     env = {**os.environ, "SWARM_DATA": str(data_cache), "COLUMNS": "200"}
     campaign_file = tmp_path / "weak.campaign.json"
-    made = run_swarm("campaign", "new", "weak", "--program", str(PROGRAM), "--profile", "test",
-                 "--quorum", str(QUORUM), "--baseline", str(WEAK), "--out", str(campaign_file),
-                 "--home", str(tmp_path / "organiser"), env=env)
+    made = run_swarm(
+        "campaign",
+        "new",
+        "weak",
+        "--program",
+        str(PROGRAM),
+        "--profile",
+        "test",
+        "--quorum",
+        str(QUORUM),
+        "--baseline",
+        str(WEAK),
+        "--out",
+        str(campaign_file),
+        "--home",
+        str(tmp_path / "organiser"),
+        env=env,
+    )
     assert made.returncode == 0, made.stdout + made.stderr
     shown = json.loads(run_swarm("campaign", "show", str(campaign_file), "--json", env=env).stdout)
     baseline = shown["baseline"]
     assert shown["quorum"] == QUORUM and shown["profiles"] == ["test"]
 
     homes = [tmp_path / f"node{i}" for i in range(3)]
-    boot = Process("bootstrap", "--listen", "/ip4/127.0.0.1/tcp/0", "--campaign", "weak",
-                   "--home", str(tmp_path / "bootstrap"), env=env)
+    boot = Process(
+        "bootstrap",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--campaign",
+        "weak",
+        "--home",
+        str(tmp_path / "bootstrap"),
+        env=env,
+    )
     nodes: list[Process] = []
     try:
         address = boot.wait_for(r"(/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)", 60).group(1)
         for i, home in enumerate(homes):
-            nodes.append(Process("join", "--bootstrap", address, "--listen", "/ip4/127.0.0.1/tcp/0",
-                                 "--profile", "test", "--campaign", str(campaign_file), "--seed", str(i),
-                                 "--verify-every", "2", "--home", str(home), env=env))
+            nodes.append(
+                Process(
+                    "join",
+                    "--bootstrap",
+                    address,
+                    "--listen",
+                    "/ip4/127.0.0.1/tcp/0",
+                    "--profile",
+                    "test",
+                    "--campaign",
+                    str(campaign_file),
+                    "--seed",
+                    str(i),
+                    "--verify-every",
+                    "2",
+                    "--home",
+                    str(home),
+                    env=env,
+                )
+            )
 
         def agreed() -> str | None:
             heads = {consensus_head(home, baseline) for home in homes}
@@ -69,10 +109,15 @@ def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data
         for home in homes:
             with Ledger(home / "ledger.db", readonly=True) as ledger:
                 results, verifications = swarm_rows(ledger, "test")
-                verified = consensus.verified_children(results, verifications, ledger.rules("test", QUORUM))
+                verified = consensus.verified_children(
+                    results, verifications, ledger.rules("test", QUORUM)
+                )
             makers = [r for r in results if r["child"] == head and r["id"] in verified]
             assert makers, "the head is made by a verified result"
-            assert all(len(verified[r["id"]]) >= QUORUM and r["author"] not in verified[r["id"]] for r in makers)
+            assert all(
+                len(verified[r["id"]]) >= QUORUM and r["author"] not in verified[r["id"]]
+                for r in makers
+            )
 
         # Each node's worker moves to the agreed head (or a verified head built on it, should the
         # swarm have gone on) and researches from it: seen once for each node.

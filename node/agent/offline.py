@@ -203,8 +203,12 @@ def unread_constants(context: Context) -> set[str]:
     }  # fmt: skip
 
 
-_MOVE = re.compile(r"^(?P<name>.+?) (?P<old>[-+.0-9e]+) -> (?P<new>[-+.0-9e]+)(?: on the \w+ profile)?$")
-OPPOSITE_SHARE = 0.5  # of a measured step's effect, the opposite step is expected to have minus this
+_MOVE = re.compile(
+    r"^(?P<name>.+?) (?P<old>[-+.0-9e]+) -> (?P<new>[-+.0-9e]+)(?: on the \w+ profile)?$"
+)
+OPPOSITE_SHARE = (
+    0.5  # of a measured step's effect, the opposite step is expected to have minus this
+)
 
 
 def move(description: str) -> tuple[str, int] | None:

@@ -140,7 +140,9 @@ def context_from_ledger(
             (profile, ledger.clock() - ACTIVE_MS),
         )
     ) | ({me} if me else set())  # fmt: skip
-    return Context(train_py, program, profile, history, tried, lineage, refuted, me, active, earlier)
+    return Context(
+        train_py, program, profile, history, tried, lineage, refuted, me, active, earlier
+    )
 
 
 MAX_STEPS_SHOWN = 40  # verified steps a prompt carries, the latest

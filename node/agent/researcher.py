@@ -142,9 +142,7 @@ class Researcher:
         """This node's own score of `source`: the mean of its runs, measured now (on its first
         seed, which its first child pairs with) if it has none."""
         version = self.ledger.add_version(source.encode())
-        scores = self.own_scores(version) or [
-            self.score_at(source, self.seeds()[0], "score")
-        ]
+        scores = self.own_scores(version) or [self.score_at(source, self.seeds()[0], "score")]
         if scores[0] is None:
             raise AgentError(
                 f"train.py {version[:12]} crashed or was voided on this node: it cannot build on it"
@@ -664,7 +662,11 @@ class Researcher:
         return not agree if not off else len(agree | off) < rules.committee_size
 
     def _look(
-        self, claim: dict, why: str, replay: int | None = None, author_seed: bool = False,
+        self,
+        claim: dict,
+        why: str,
+        replay: int | None = None,
+        author_seed: bool = False,
         find_replay: bool = True,
     ) -> Verified | None:
         """One look at a claim (a verification, an adopter's re-score, a look ahead, an audit),
