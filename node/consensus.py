@@ -119,13 +119,21 @@ def rows_from_facts(facts: Iterable[Any]) -> tuple[list[dict], list[dict]]:
     return results, verifications
 
 
-def committee(claim_id: str, author: str, members: Collection[str], size: int) -> tuple[str, ...]:
-    """The members who judge a claim: ranked by sha256 of the claim's id and their own, the
-    author left out, the first `size`. Nobody chooses them: the author cannot pick its claim's
-    id without changing the claim, and nobody can pick another's."""
+def draw_of(claim: Mapping[str, Any]) -> str:
+    """What a claim's committee is drawn by: the version it claims on and its author. An author
+    can make a claim's id anew as often as it likes without running anything (another signed
+    time, another comment in the child), so a committee drawn by id could be ground until it was
+    the author's friends; the version and the author it cannot change but by claiming elsewhere
+    or being another peer. All the claims of one author on one version share one committee."""
+    return f"{claim['parent']}:{claim['author']}"
+
+
+def committee(draw: str, author: str, members: Collection[str], size: int) -> tuple[str, ...]:
+    """The members who judge the claims of `draw` (`draw_of`): ranked by sha256 of it and their
+    own id, the author left out, the first `size`. Nobody chooses them."""
     ranked = sorted(
         (m for m in members if m != author),
-        key=lambda m: hashlib.sha256(f"{claim_id}:{m}".encode()).digest(),
+        key=lambda m: hashlib.sha256(f"{draw}:{m}".encode()).digest(),
     )
     return tuple(ranked[:size])
 
@@ -153,7 +161,7 @@ def judge_claim(
     `settle`'s: a ledger can keep this per claim and update it at every look."""
     panel, members = None, rules.members_for(claim)
     if members is not None:
-        panel = set(committee(claim["id"], claim["author"], members, rules.committee_size))
+        panel = set(committee(draw_of(claim), claim["author"], members, rules.committee_size))
     reports = [
         v for v in looks
         if v["author"] != claim["author"]

@@ -17,6 +17,7 @@ from node.consensus import (
     Rules,
     best_head,
     committee,
+    draw_of,
     judge_claims,
     keep_or_discard,
     lineage_scores,
@@ -167,15 +168,32 @@ def test_two_against_two_decides_nothing_and_nobody_is_an_outlier():
 
 def test_a_committee_is_drawn_by_hash_without_the_author_and_nobody_else_counts():
     members = frozenset({"a", "b", "c", "d", "e", "f", "g"})
-    panel = committee("r1", "a", members, 3)
-    assert len(panel) == 3 and "a" not in panel and panel == committee("r1", "a", set(members), 3)
-    assert {committee(f"r{i}", "a", members, 3) for i in range(20)} != {panel}  # it varies by claim
+    results = [result("r1", "a", BASELINE, V1)]
+    panel = committee(draw_of(results[0]), "a", members, 3)
+    assert len(panel) == 3 and "a" not in panel
+    assert panel == committee(draw_of(results[0]), "a", set(members), 3)
     outsider = next(m for m in sorted(members - {"a"}) if m not in panel)
     r = rules(1, members=members, committee=3)
-    results = [result("r1", "a", BASELINE, V1)]
     assert state(results, looks("r1", outsider, [0.05] * 4), r) == "open"
     assert state(results, looks("r1", "stranger", [0.05] * 4), r) == "open"
     assert state(results, looks("r1", panel[0], [0.05] * 4), r) in ("verified", HELD)
+
+
+def test_an_author_cannot_redraw_its_committee_by_making_claims_anew():
+    """A claim's id is the author's to vary (a new signed time, a comment in the child): fifty
+    claims of one author on one version draw one committee, whose looks alone count for each;
+    another version or another author draws another."""
+    members = frozenset("abcdefghijk")
+    claims = [result(f"r{i}", "a", BASELINE, f"{i:064x}") for i in range(50)]
+    (panel,) = {committee(draw_of(c), "a", members, 3) for c in claims}
+    r = rules(1, members=members, committee=3)
+    friend = min(members - {"a"} - set(panel))
+    for claim in claims[:5]:  # a friend's looks count for none of them
+        assert state(claims, looks(claim["id"], friend, [0.05] * 6), r, claim["id"]) == "open"
+    assert len({committee(draw_of(result("r", "a", f"{i:064x}", V1)), "a", members, 3)
+                for i in range(30)}) > 1  # fmt: skip
+    assert len({committee(draw_of(result("r", who, BASELINE, V1)), who, members, 3)
+                for who in members}) > 1  # fmt: skip
 
 
 def test_a_win_whose_author_claimed_far_more_waits_for_a_replay_of_the_authors_seed():
@@ -218,7 +236,7 @@ def test_a_look_no_run_stands_behind_is_contradicted_by_two_replays_of_its_seed(
 
 def test_a_committee_members_replay_of_an_outsiders_seed_weighs_in_its_own_looks():
     members = frozenset("abcdefgh")
-    panel = committee("r1", "a", members, 3)
+    panel = committee(draw_of(result("r1", "a", BASELINE, V1)), "a", members, 3)
     outsider = min(m for m in members - {"a"} if m not in panel)
     judge = max(panel)  # a later id than the outsider's: the seed must still weigh for it
     assert outsider < judge

@@ -126,9 +126,12 @@ def test_a_held_claim_comes_again():
 def test_a_node_verifies_only_claims_whose_committee_it_sits_on():
     members = frozenset({"alice", "me", "bob", "carol", "dave", "erin"})
     r = rules(1, members=members, committee=2)
-    results = [row(f"r{i}", "alice", 0.02) for i in range(12)]
+    results = [row(f"r{i}", "alice", 0.02, parent=f"p{i // 2}") for i in range(12)]
     mine = picked(results, [], r=r, limit=20)
-    on = [c["id"] for c in results if "me" in consensus.committee(c["id"], "alice", members, 2)]
+    on = [
+        c["id"] for c in results
+        if "me" in consensus.committee(consensus.draw_of(c), c["author"], members, 2)
+    ]  # fmt: skip
     assert sorted(mine) == sorted(on) and 0 < len(on) < len(results)
 
 

@@ -595,7 +595,8 @@ class Researcher:
         rules = self.ledger.rules(self.profile.name, self.quorum)
         active = self._active() if rules.members is None else None  # one query for them all
         return [c for c in claims if self.me.peer_id in consensus.committee(
-                    c["id"], c["author"], active or rules.members_for(c), rules.committee_size)]  # fmt: skip
+                    consensus.draw_of(c), c["author"], active or rules.members_for(c),
+                    rules.committee_size)]  # fmt: skip
 
     def _replayer(self, claim: dict, seed: int | None = None) -> bool:
         """Whether this node is drawn to replay a seed of `claim`, its author's (None) or that
@@ -604,9 +605,9 @@ class Researcher:
         claim was made, so that one peer replays it and another steps in when that one left."""
         rules = self.ledger.rules(self.profile.name, self.quorum)
         waited = max(0, self.ledger.clock() - claim["time"]) // ACTIVE_MS
-        pool, key = rules.members_for(claim) or self._active(), claim["id"]
+        pool, key = rules.members_for(claim) or self._active(), consensus.draw_of(claim)
         if seed is not None:
-            key = f"{claim['id']}:{seed}"
+            key = f"{key}:{seed}"
             reported = self.ledger.rows(
                 "SELECT author FROM verifications WHERE result = ? AND seed = ?",
                 (claim["id"], seed),

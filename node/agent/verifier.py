@@ -80,7 +80,8 @@ def claims_to_verify(
             and j.seeds < rules.look_budget and mine[r["id"]] < evidence.PEER_CAP
             and not (r["id"] in tried and not mine[r["id"]])  # it crashed or was void here
             and ((members := rules.members_for(r)) is None
-                 or me in consensus.committee(r["id"], r["author"], members, rules.committee_size))
+                 or me in consensus.committee(consensus.draw_of(r), r["author"], members,
+                                              rules.committee_size))
         )  # fmt: skip
 
     def gain(r: Mapping[str, Any]) -> float:
