@@ -12,7 +12,6 @@ import io
 import json
 import sys
 import textwrap
-from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,6 +24,9 @@ from node import identity as ident
 from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import Ledger, LedgerError, ledger_path
+from node.readable import bpb as _bpb
+from node.readable import peer as _peer
+from node.readable import when as _when
 from node.safe_text import safe_text
 
 console = Console()
@@ -67,23 +69,8 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(_jsonable(value), indent=2, sort_keys=True) + "\n")
 
 
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _short(sha: str | None) -> str:
     return (sha or "-")[:12]
-
-
-def _peer(peer_id: str | None) -> str:
-    """Peer ids all start 12D3KooW; their tail tells them apart."""
-    return "-" if not peer_id else ("…" + peer_id[-8:] if peer_id.startswith("12D3") else peer_id)
-
-
-def _bpb(value: float | None, signed: bool = False) -> str:
-    return "-" if value is None else (f"{value:+.4f}" if signed else f"{value:.4f}")
 
 
 def _open(home: Path | None, db: Path | None) -> Ledger:
@@ -361,7 +348,7 @@ def peers(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = Fa
         console.print(f"peers ({len(rows)})", highlight=False)
         for p in rows:
             _print_record(p["peer_id"], [
-                f"first seen {_when(p['first_seen'])}, last seen {_when(p['last_seen'])} UTC",
+                f"first seen {_when(p['first_seen'])}, last seen {_when(p['last_seen'])}",
                 f"{p['results']} results, {p['verifications']} verifications; its claims got "
                 f"✓ {p['confirmations']} ✗ {p['refutations']} ⊘ {p['voids']}; "
                 f"rejected: {_counts(p['rejected'])}",

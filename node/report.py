@@ -24,6 +24,9 @@ from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import MIGRATIONS, Ledger, LedgerError, ledger_path
 from node.ledger_queries import LOOK_COLUMNS
+from node.readable import bpb as _bpb
+from node.readable import peer as short_peer
+from node.readable import when as _when
 from node.safe_text import safe_text
 
 PNG_FILE, HTML_FILE = "report.png", "report.html"
@@ -293,7 +296,7 @@ def figure(snap: Snapshot):
     axes[-1].set_xlabel("time of the experiment (UTC)")
     handles = [
         Line2D([], [], linestyle="", marker="o", color=snap.colours[p["peer_id"]],
-               label=_short_peer(p["peer_id"]))
+               label=short_peer(p["peer_id"]))
         for p in snap.peers[:COLOURED_PEERS] if p["experiments"]
     ]  # fmt: skip
     if len(snap.peers) > COLOURED_PEERS:
@@ -336,27 +339,14 @@ def _utc(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, timezone.utc)
 
 
-def _when(ms: int | None) -> str:
-    return "-" if ms is None else _utc(ms).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _short_peer(peer_id: str) -> str:
-    """Peer ids all start 12D3KooW; their tail tells them apart."""
-    return "…" + peer_id[-8:] if peer_id.startswith("12D3") else peer_id
-
-
 def _peer(peer_id: str | None) -> str:
     if not peer_id:
         return "-"
-    return f'<span class="peer" title="{_e(peer_id)}">{_e(_short_peer(peer_id))}</span>'
+    return f'<span class="peer" title="{_e(peer_id)}">{_e(short_peer(peer_id))}</span>'
 
 
 def _count(n: int, thing: str) -> str:
     return f"{n} {thing}{'s' * (n != 1)}"
-
-
-def _bpb(value: float | None, signed: bool = False) -> str:
-    return "-" if value is None else (f"{value:+.4f}" if signed else f"{value:.4f}")
 
 
 def _table(table_id: str, header: list[str], rows: list[list[str]]) -> str:
