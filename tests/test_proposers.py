@@ -497,3 +497,19 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
     context = Context(BASELINE, PROGRAM, "test", lineage=(won,), history=(worse,))
     first_pair = next(d for d, _ in OfflineProposer(0)._ordered(context) if "; " in d)
     assert "MATRIX_LR" in first_pair and "HEAD_LR" in first_pair
+
+
+def test_the_prompt_lists_the_latest_experiments_and_the_offline_proposer_reads_them_all():
+    from node.agent.llm import MAX_HISTORY_SHOWN
+
+    tried = tuple(
+        Attempt(f"WARMDOWN step {i}", "discard", 0.01, f"h{i}", "12D3KooWpeer") for i in range(40)
+    )
+    _, user = build_messages(Context(BASELINE, PROGRAM, "test", history=tried))
+    shown = [i for i in range(40) if f"] WARMDOWN step {i}\n" in user["content"] + "\n"]
+    assert shown == list(range(MAX_HISTORY_SHOWN))
+    # the 40th experiment, beyond what a prompt shows, still moves the offline proposer's order
+    last = Attempt("HEAD_LR 0.004 -> 0.002", "discard", 0.09, "h", "12D3KooWpeer", paired=(0.09,))
+    context = Context(BASELINE, PROGRAM, "test", history=(*tried, last))
+    first = OfflineProposer(0).propose(context).description
+    assert first.startswith("HEAD_LR 0.004 -> ") and float(first.split()[-1]) > 0.004

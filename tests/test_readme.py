@@ -10,8 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import run_swarm
 
 ROOT = Path(__file__).resolve().parents[1]
+WEAK = ROOT / "tests" / "campaigns" / "weak_train.py"
 
 
 def readme_commands() -> list[str]:
@@ -32,25 +34,30 @@ def test_the_readme_names_two_commands_that_exist_and_ci_runs_the_test_one():
 
 @pytest.mark.slow
 def test_the_main_command_runs_a_local_swarm_that_verifies_and_adopts_a_win(tmp_path, data_cache):
-    # The README's command as a user runs it, for 3 minutes instead of its 10 (measured in
-    # docs/swarm.md); --profile test is its own profile, named so that the test holds if it changes.
+    # The README's command as a user runs it, for 3 minutes instead of its 10, on a campaign of a
+    # weak baseline (tests/campaigns/weak_train.py: half the offline proposer's changes are wins
+    # several times the noise). On the built-in baseline, wins are about one noise wide and one
+    # chance win can hold both verifiers for minutes, so whether 3 minutes end on a verified
+    # head is chance (docs/swarm.md measures its 10 minutes); here it is the mechanism that is
+    # tested. --profile test is named so that the test holds if the demo's profile changes.
     env = {**os.environ, "SWARM_HOME": str(tmp_path / "home"), "SWARM_DATA": str(data_cache)}
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "demo"), "--profile", "test", "--minutes", "3", "--json"],
-        cwd=ROOT,
+    campaign = tmp_path / "weak.campaign.json"
+    made = run_swarm(
+        *("campaign", "new", "weak", "--program", str(ROOT / "program.md"), "--profile", "test"),
+        *("--quorum", "1", "--baseline", str(WEAK), "--out", str(campaign)),
+        *("--home", str(tmp_path / "organiser")),
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
     )
+    assert made.returncode == 0, made.stdout + made.stderr
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "demo"), "--profile", "test", "--minutes", "3", "--json",
+         "--campaign", str(campaign)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["profile"] == "test" and result["exit_codes"] == [
-        0,
-        0,
-        0,
-        0,
-    ]  # bootstrap and 3 nodes
+    assert result["profile"] == "test"
+    assert result["exit_codes"] == [0, 0, 0, 0]  # bootstrap and 3 nodes
     assert 170 <= result["seconds"] < 500
     for node in result["nodes"]:  # each node's own experiments, counted from its own ledger
         with sqlite3.connect(node["ledger"]) as db:
@@ -67,7 +74,5 @@ def test_the_main_command_runs_a_local_swarm_that_verifies_and_adopts_a_win(tmp_
         for look in first["looks"]
     )
     assert done.stderr.count(" adopted ") >= 2, done.stderr[-3000:]
-    assert (
-        "min left]" in done.stderr
-    )  # progress while it ran, one line every 30 s without a terminal
+    assert "min left]" in done.stderr  # progress, one line every 30 s without a terminal
     assert "stopping the nodes" in done.stderr

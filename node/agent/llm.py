@@ -28,6 +28,7 @@ _FENCE = re.compile(
 )
 _DESCRIPTION = re.compile(r"^\W*description\W*:\s*(.+)$", re.I | re.M)
 DIFF_LANGS = frozenset({"diff", "patch", "udiff"})
+MAX_HISTORY_SHOWN = 30  # experiments on the parent a prompt lists, the latest
 PYTHON_LANGS = frozenset({"python", "py", "python3"})
 
 
@@ -88,7 +89,7 @@ def build_messages(context: Context, refused: str | None = None) -> list[dict[st
     task as the user's."""
     if context.history:
         lines = []
-        for a in context.history:
+        for a in context.history[:MAX_HISTORY_SHOWN]:
             delta = "no score" if a.delta is None else f"{a.delta:+.4f} bpb"
             lines.append(f"- [{a.outcome}, {delta}, by {a.by}] {a.description}")
         history = "\n".join(lines)

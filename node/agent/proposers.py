@@ -92,7 +92,7 @@ def _paired(result: dict) -> tuple[float, ...]:
 
 def context_from_ledger(
     ledger: Ledger, train_py: str, profile: str, program: str = "", me: str | None = None,
-    parent_val_bpb: float | None = None, limit: int = 30,
+    parent_val_bpb: float | None = None, limit: int = 500,
 ) -> Context:  # fmt: skip
     """A Context for `train_py` from the ledger's results on it (this node's and peers').
 
