@@ -10,7 +10,6 @@ effects here.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import heapq
 import math
 import statistics
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from node import evidence
+from node.committees import committee, draw_of
 from node.errors import SwarmError
 from node.evidence import Judgement
 
@@ -117,25 +117,6 @@ def rows_from_facts(facts: Iterable[Any]) -> tuple[list[dict], list[dict]]:
         elif f.kind == "verification":
             verifications.append(row)
     return results, verifications
-
-
-def draw_of(claim: Mapping[str, Any]) -> str:
-    """What a claim's committee is drawn by: the version it claims on and its author. An author
-    can make a claim's id anew as often as it likes without running anything (another signed
-    time, another comment in the child), so a committee drawn by id could be ground until it was
-    the author's friends; the version and the author it cannot change but by claiming elsewhere
-    or being another peer. All the claims of one author on one version share one committee."""
-    return f"{claim['parent']}:{claim['author']}"
-
-
-def committee(draw: str, author: str, members: Collection[str], size: int) -> tuple[str, ...]:
-    """The members who judge the claims of `draw` (`draw_of`): ranked by sha256 of it and their
-    own id, the author left out, the first `size`. Nobody chooses them."""
-    ranked = sorted(
-        (m for m in members if m != author),
-        key=lambda m: hashlib.sha256(f"{draw}:{m}".encode()).digest(),
-    )
-    return tuple(ranked[:size])
 
 
 def _check_columns(rows: list[Mapping[str, Any]], columns: Sequence[str], what: str) -> None:

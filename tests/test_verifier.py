@@ -8,7 +8,7 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN, make_result, make_verification, set_terms, vote_row
 
-from node import consensus, evidence, wire
+from node import committees, consensus, evidence, wire
 from node.agent.errors import AgentError
 from node.agent.verifier import claims_to_verify, ledger_claims_to_verify, verify_claim
 from node.ledger import Ledger
@@ -130,7 +130,7 @@ def test_a_node_verifies_only_claims_whose_committee_it_sits_on():
     mine = picked(results, [], r=r, limit=20)
     on = [
         c["id"] for c in results
-        if "me" in consensus.committee(consensus.draw_of(c), c["author"], members, 2)
+        if "me" in committees.committee(committees.draw_of(c), c["author"], members, 2)
     ]  # fmt: skip
     assert sorted(mine) == sorted(on) and 0 < len(on) < len(results)
 

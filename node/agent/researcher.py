@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from node import consensus, evidence, wire
+from node import committees, consensus, evidence, wire
 from node.agent import adoption
 from node.agent.crew import Crew
 from node.agent.errors import AgentError, PatchError
@@ -587,25 +587,25 @@ class Researcher:
         return claims[:limit]
 
     def _drawn(self, claims: list) -> list:
-        """The claims this node is drawn to judge at once: those whose committee it sits on
-        (`consensus.committee`, drawn from the members or `_active`). Nobody picks them, and they look in
-        parallel at the next step."""
+        """The claims this node is drawn to judge at once (`committees`, from the members or
+        `_active`): nobody picks them, and they look in parallel at the next step."""
         if not claims:
             return claims
         rules = self.ledger.rules(self.profile.name, self.quorum)
         active = self._active() if rules.members is None else None  # one query for them all
-        return [c for c in claims if self.me.peer_id in consensus.committee(
-                    consensus.draw_of(c), c["author"], active or rules.members_for(c),
-                    rules.committee_size)]  # fmt: skip
+        return [c for c in claims if self.me.peer_id in committees.committee(
+            committees.look_draw(c, rules.members), c["author"], active or rules.members_for(c),
+            rules.committee_size)]  # fmt: skip
 
     def _replayer(self, claim: dict, seed: int | None = None) -> bool:
         """Whether this node is drawn to replay a seed of `claim`, its author's (None) or that
-        of other peers' looks: the first of those drawn for the seed (`consensus.committee`,
-        from the members or `_active`, less the peers that reported it), and one more every ACTIVE_MS since the
-        claim was made, so that one peer replays it and another steps in when that one left."""
+        of other peers' looks: the first of those drawn for the seed (`committees`, from the
+        members or `_active`, less the peers that reported it), and one more every ACTIVE_MS
+        since the claim was made, so that another steps in when that one left."""
         rules = self.ledger.rules(self.profile.name, self.quorum)
         waited = max(0, self.ledger.clock() - claim["time"]) // ACTIVE_MS
-        pool, key = rules.members_for(claim) or self._active(), consensus.draw_of(claim)
+        pool = rules.members_for(claim) or self._active()
+        key = committees.look_draw(claim, rules.members)
         if seed is not None:
             key = f"{key}:{seed}"
             reported = self.ledger.rows(
@@ -613,14 +613,13 @@ class Researcher:
                 (claim["id"], seed),
             )
             pool = pool - {r["author"] for r in reported}
-        ranked = consensus.committee(key, claim["author"], pool, rules.committee_size)
+        ranked = committees.committee(key, claim["author"], pool, rules.committee_size)
         return self.me.peer_id in ranked[: 1 + waited]
 
     def _active(self) -> frozenset[str]:
-        """Whom a claim's committee is drawn from in an open campaign (in one with members, the
-        members: `Rules.members_for`): the peers active in the last ACTIVE_MS, this one included
-        (so a peer that left drops out of the draw within that time, and the next in rank takes
-        its place)."""
+        """Whom the lookers at a claim are drawn from in an open campaign (else the members):
+        the peers active in the last ACTIVE_MS and this one, so that a peer that left drops out
+        of the draw within that time and the next in rank takes its place."""
         rows = self.ledger.rows(
             "SELECT peer_id FROM peers WHERE last_seen >= ?", (self.ledger.clock() - ACTIVE_MS,)
         )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node import consensus, evidence, wire
+from node import committees, consensus, evidence, wire
 from node.agent.errors import AgentError
 from node.agent.loop import Check, policy_check, record_run
 from node.evidence import Judgement
@@ -80,7 +80,7 @@ def claims_to_verify(
             and j.seeds < rules.look_budget and mine[r["id"]] < evidence.PEER_CAP
             and not (r["id"] in tried and not mine[r["id"]])  # it crashed or was void here
             and ((members := rules.members_for(r)) is None
-                 or me in consensus.committee(consensus.draw_of(r), r["author"], members,
+                 or me in committees.committee(committees.draw_of(r), r["author"], members,
                                               rules.committee_size))
         )  # fmt: skip
 
