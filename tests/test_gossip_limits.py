@@ -97,3 +97,30 @@ def test_the_handshake_gate_refuses_a_full_address_and_cuts_the_heaviest_for_a_n
     gate.done(4)
     gate.done(8)
     assert len(gate) == 2
+
+
+def test_the_library_internals_the_gossip_guards_override_or_call_are_still_there():
+    """`GuardedPubsub` overrides and calls private members of py-libp2p's Pubsub (the library
+    offers no public hook for a junk frame, a banned peer's relayed message or a peer it tears
+    down), and the node wraps its swarm's raw-connection upgrade: an upgrade of the library that
+    renames one fails here, by name, before a node stops guarding silently."""
+    import inspect
+
+    from libp2p.network.swarm import Swarm
+    from libp2p.pubsub.pubsub import Pubsub
+
+    for name in ("_handle_dead_peer", "_is_msg_seen", "_forget_all_subscriptions",
+                 "_teardown_if_connected", "stream_handler", "push_msg"):  # fmt: skip
+        assert callable(getattr(Pubsub, name, None)), f"Pubsub.{name} is gone"
+    assert list(inspect.signature(Pubsub.push_msg).parameters) == ["self", "msg_forwarder", "msg"]
+    for name in ("upgrade_inbound_raw_conn", "set_stream_handler"):
+        assert callable(getattr(Swarm, name, None)), f"Swarm.{name} is gone"
+    assert "self.common_stream_handler" in inspect.getsource(Swarm.__init__)
+    # node/gossip/guards.py replaces these module attributes: each must still be what is read
+    from libp2p.protocol_muxer import multiselect_communicator
+    from libp2p.pubsub import pubsub as pubsub_module
+    from libp2p.stream_muxer.yamux import yamux
+
+    assert "read_varint_prefixed_bytes_limited(" in inspect.getsource(pubsub_module)
+    assert "read_delim(" in inspect.getsource(multiselect_communicator)
+    assert "MAX_WINDOW_SIZE" in inspect.getsource(yamux.Yamux)

@@ -140,7 +140,7 @@ def _signed(msg: Any) -> bool:
 
 
 class GuardedPubsub(Pubsub):
-    """Pubsub that survives junk: a frame it cannot parse costs the sender, not the node."""
+    """Pubsub whose junk costs the sender, not the node (on library internals: test_gossip_limits)."""
 
     on_junk: Any = None
     on_invalid: Any = None
