@@ -344,11 +344,9 @@ def campaign_terms(campaign: str) -> tuple[int, str]:
 
         loaded = load_campaign(campaign)
         return loaded.quorum, loaded.baseline_sha256
-    import hashlib
+    from node.ledger_queries import builtin_baseline
 
-    from node.trainer import BASELINE_TRAIN_PY
-
-    return 1, hashlib.sha256(BASELINE_TRAIN_PY.read_bytes()).hexdigest()
+    return 1, builtin_baseline()
 
 
 def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:

@@ -70,6 +70,14 @@ class NodeConfig:
     trust: list[str] = field(default_factory=list)  # peer ids whose code runs without a sandbox
 
 
+def confined(config: NodeConfig) -> bool:
+    """Whether this node runs train.py in the sandbox: whenever bubblewrap can run here, unless
+    the user said --no-sandbox."""
+    from node.trainer.sandbox import sandbox_available
+
+    return config.sandbox is not False and sandbox_available()
+
+
 def worker_devices(profile_device: str, gpus: str) -> list[int | None]:
     """One entry per research worker: a CUDA device index, or None for the CPU."""
     if profile_device != "cuda":
@@ -114,7 +122,6 @@ def run_node(
     from node.gossip import GossipConfig, run_peer
     from node.trainer import get_profile, prepare_data, require_device
     from node.trainer.compile_cache import CompileCache
-    from node.trainer.sandbox import sandbox_available
 
     home = Path(config.home)
     identity = load_identity(home)
@@ -129,8 +136,7 @@ def run_node(
     if budget := pinned_budget(campaign, profile.name):  # the campaign's budget, for every member
         profile = dataclasses.replace(profile, budget_tokens=budget)
     require_device(profile)
-    confined = config.sandbox is not False and sandbox_available()
-    if config.sandbox is not False and not confined:
+    if config.sandbox is not False and not confined(config):
         say(
             "no sandbox (bubblewrap) on this machine: this node runs only its own train.py versions and those "
             f"of the {len(config.trust)} peer(s) you trust (--trust PEER_ID); install bubblewrap (apt-get install "
@@ -308,11 +314,9 @@ def _work(
         )
     else:
         proposer = OfflineProposer(seed=seed)
-    from node.trainer.sandbox import sandbox_available
-
-    confined = config.sandbox is not False and sandbox_available()
-    trusted = None if confined or config.sandbox is False else set(config.trust).__contains__
-    run = functools.partial(run_experiment, sandbox=confined, cancel=stop, gpu=device, turns=turns)
+    sandbox = confined(config)
+    trusted = None if sandbox or config.sandbox is False else set(config.trust).__contains__
+    run = functools.partial(run_experiment, sandbox=sandbox, cancel=stop, gpu=device, turns=turns)
     try:
         with Ledger(ledger_path(home), campaign=config.campaign) as ledger:
             researcher = Researcher(

@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 500  # lines a module
 CEILINGS = {  # past the budget already: each one's size when its ceiling was set
-    "node/local.py": 527,
+    "node/local.py": 525,
     "scripts/attack_gossip.py": 557,
     "node/report.py": 558,
     "node/trainer/runner.py": 594,
