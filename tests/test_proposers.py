@@ -513,3 +513,15 @@ def test_the_prompt_lists_the_latest_experiments_and_the_offline_proposer_reads_
     context = Context(BASELINE, PROGRAM, "test", history=(*tried, last))
     first = OfflineProposer(0).propose(context).description
     assert first.startswith("HEAD_LR 0.004 -> ") and float(first.split()[-1]) > 0.004
+
+
+@pytest.mark.parametrize(
+    "description",
+    ["x - -> e", "NAME e -> 1", "LR . -> 2", "A 1 -> 1", "a pair 1 -> 2; B 2 -> 3 x", "", "->"],
+)
+def test_a_peers_description_of_any_form_moves_nothing_and_breaks_nothing(description):
+    from node.agent.offline import move
+
+    odd = Attempt(description, "discard", 0.5, "h", "12D3KooWpeer", paired=(0.5,))
+    assert move(description) is None
+    OfflineProposer(0).propose(Context(BASELINE, PROGRAM, "test", history=(odd,), earlier=(odd,)))
