@@ -215,11 +215,13 @@ def move(description: str) -> tuple[str, int] | None:
     """(the constant, +1 up or -1 down) a single step's description names; None for a pair, an
     edit, or a description of some other form (an LLM's)."""
     found = _MOVE.match(description)
-    try:  # a peer's description is its to write: "- -> e" matches and is no number
-        old, new = float(found["old"]), float(found["new"])  # type: ignore[index]
-    except (TypeError, ValueError):
+    if not found:
         return None
-    return (found["name"], 1 if new > old else -1) if old < new or old > new else None
+    try:  # a peer's description is its to write: "- -> e" matches and is no number
+        old, new = float(found["old"]), float(found["new"])
+    except ValueError:
+        return None
+    return (found["name"], 1 if new > old else -1) if new != old else None
 
 
 def expected_deltas(context: Context) -> dict[tuple[str, int], float]:
