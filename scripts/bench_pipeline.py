@@ -9,7 +9,7 @@ store of compiled kernels, as a node would (the store kept between its runs), an
 share of the wall clock spent training and the GPU's idle gap between two trainings.
 
     python scripts/bench_pipeline.py --profile gpu --data gpu-data.tar.xz --budget 50331648 \\
-        --sequence baseline embed-lr dim384 dim384-embed-lr --modes turns serial
+        --sequence baseline embed-lr dim768 dim768-embed-lr --modes turns serial
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from node.trainer.compile_cache import CompileCache
 from node.trainer.runner import GpuTurns
 
 EMBED_LR = ("EMBED_LR = 0.6 if GPU else 0.3 ", "EMBED_LR = 0.9 if GPU else 0.3 ")
-DIM384 = ('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 384, 128, 128, 1)')
+DIM768 = ('"gpu": (4, 1024, 128, 64, 1)', '"gpu": (4, 768, 128, 64, 1)')
 # Changes of the baseline, by name: same shapes (a learning rate) or new ones (the width).
 CHANGES = {
     "baseline": [],
     "embed-lr": [EMBED_LR],
-    "dim384": [DIM384],
-    "dim384-embed-lr": [DIM384, EMBED_LR],
+    "dim768": [DIM768],
+    "dim768-embed-lr": [DIM768, EMBED_LR],
 }
 
 

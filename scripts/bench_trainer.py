@@ -34,31 +34,36 @@ from node.trainer import BASELINE_TRAIN_PY, TokenData, get_profile, prepare_data
 
 DATASHEET_FLOPS = 989e12  # dense bf16 of an H100/H200 SXM, the rate MFU is usually quoted against
 
-REGION = "module.compile(dynamic=False)"
-SHAPE = '"gpu": (8, 512, 128, 128, 1)'  # the gpu recipe's (depth, width, head dim, sequences, micro-batches)
-REGIONS = "    for module in (*model.blocks, model.head):\n        " + REGION
+SHAPE = '"gpu": (4, 1024, 128, 64, 1)'  # the gpu recipe's (depth, width, head dim, sequences, micro-batches)
+WHOLE = "    model.compile(dynamic=False, fullgraph=True)"  # how the gpu recipe compiles
 # Each variant is a list of (old, new) replacements applied to the baseline train.py.
 VARIANTS = {
     "baseline": [],
-    "wide": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 768, 128, 128, 1)')],
-    "b17": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 512, 128, 64, 1)')],  # 2^17 tokens a step
-    "b19": [('"gpu": (8, 512, 128, 128, 1)', '"gpu": (8, 512, 128, 256, 1)')],  # 2^19 tokens a step
+    "b18": [(SHAPE, '"gpu": (4, 1024, 128, 128, 1)')],  # 2^18 tokens a step
     # shapes (docs/trainer.md, "The model's shape"), (depth, width, head dim, sequences a step, 1):
     # bench each at the budget that gives it the baseline's FLOPs, not at the baseline's tokens
+    "w512d8": [(SHAPE, '"gpu": (8, 512, 128, 128, 1)')],  # the recipe's shape before 2026-12-03
+    "w512d8b17": [(SHAPE, '"gpu": (8, 512, 128, 64, 1)')],
     "w768d4": [(SHAPE, '"gpu": (4, 768, 128, 128, 1)')],
     "w768d6": [(SHAPE, '"gpu": (6, 768, 128, 128, 1)')],
     "w896d5": [(SHAPE, '"gpu": (5, 896, 128, 128, 1)')],
     "w1024d3": [(SHAPE, '"gpu": (3, 1024, 128, 128, 1)')],
-    "w1024d4": [(SHAPE, '"gpu": (4, 1024, 128, 128, 1)')],
-    "w1024d4b17": [(SHAPE, '"gpu": (4, 1024, 128, 64, 1)')],
-    # how train.py compiles (docs/trainer.md, "Changes tried for MFU"): the whole model in one
-    # graph, or by region with CUDA graphs, or by region with Inductor's autotuned Triton kernels
-    "whole": [(REGIONS, "    model.compile(dynamic=False, fullgraph=True)")],
-    "cudagraphs": [(REGION, 'module.compile(dynamic=False, mode="reduce-overhead")')],
-    "autotune": [(REGION, 'module.compile(dynamic=False, mode="max-autotune-no-cudagraphs")')],
+    # how train.py compiles (docs/trainer.md, "Changes tried for MFU"): by region (each block and
+    # the head apart, so that a new shape compiles one block), with CUDA graphs, or with
+    # Inductor's autotuned Triton matrix templates
+    "regions": [
+        (
+            WHOLE,
+            "    for module in (*model.blocks, model.head):\n        module.compile(dynamic=False)",
+        )
+    ],
+    "cudagraphs": [(WHOLE, WHOLE.replace(")", ', mode="reduce-overhead")'))],
+    "autotune": [(WHOLE, WHOLE.replace(")", ', mode="max-autotune-no-cudagraphs")'))],
+    # float8 in the blocks' products only, not in the logits' (as the 8 x 512 recipe had it)
+    "fp8body": [("self.head(x, targets, FP8 and targets is not None)", "self.head(x, targets)")],
     "bf16": [
         ("FP8 = GPU and ", "FP8 = False and GPU and ")
-    ],  # no float8 products (the baseline before 2026-12-03)
+    ],  # no float8 products (the recipe of 2026-12-02)
     "lr10x": [
         ("MATRIX_LR = 0.04 if GPU else 0.02 ", "MATRIX_LR = 0.4 if GPU else 0.2 ")
     ],  # a deliberately bad change

@@ -51,11 +51,13 @@ class Profile:
 # Budgets are sized so that the baseline trains about as long as the profile's machine took
 # under the old wall-clock budgets; envelopes are three times the baseline's FLOPs per token.
 PROFILES = {
-    "gpu": Profile(  # one H100-class GPU: about 300 s of training
+    "gpu": Profile(  # one H100-class GPU: about 250 s of training
         "gpu",
         "cuda",
-        budget_tokens=960 * 2**19,  # 503 M tokens: 307 s at the H200's 1.64 M tokens/s
-        max_flops_per_token=3 * 176_160_768,
+        # 307 M tokens, the FLOPs of 503 M tokens of the recipe before 2026-12-03's (4 x 1024 does
+        # 453.0 M FLOPs a token, 8 x 512 did 276.8 M): about 250 s at the H200's 1.24 M tokens/s
+        budget_tokens=2346 * 2**17,
+        max_flops_per_token=3 * 452_987_904,
         data="web:fineweb-edu",
         vocab_size=8192,
         seq_len=2048,

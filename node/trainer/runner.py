@@ -32,7 +32,7 @@ from node.trainer.scoring import MODEL_FILE, Scoring
 # The harness's version: move it whenever a file that prepares data, times or scores changes
 # (tests/test_harness_version.py fails until it moves), so that results measured by another
 # harness never compare with this one's.
-HARNESS_VERSION = "2026.12.8"
+HARNESS_VERSION = "2026.12.9"
 # What the training process may report; anything else on its pipe is ignored, and a score from
 # it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(

@@ -6,14 +6,15 @@ harness (`session()`): it trains on `S.batches(...)` until they stop, then hands
 Its schedule follows `S.progress()`, the share of the budget's tokens served, so a run of one
 seed gives the same model on any machine of the profile's device class, however busy.
 
-The `gpu` profile trains a richer recipe than the `cpu` and `test` profiles: a batch of 2^18
-tokens a step, value embeddings, a skip from the embedding into every block, NorMuon with
+The `gpu` profile trains a richer recipe than the `cpu` and `test` profiles: a wide, shallow model
+(4 blocks of width 1024) on a batch of 2^17 tokens a step, value embeddings, a skip from the embedding into every block, NorMuon with
 cautious weight decay and Polar Express coefficients, a momentum warm-up, higher learning rates,
 no updates from the harness's warm-up batches (docs/trainer.md: what was measured, and what was
 not). `GPU` switches each of those; on the CPU profiles the file trains exactly as the simpler
 recipe did. Under autocast (training on a GPU) the residual stream is kept in bf16, and on the
-`gpu` profile the loss and its gradient come from one pass over the logits (`SoftcapCrossEntropy`)
-and a training step's forward products of normed inputs run in float8 (`Fp8NormedLinear`).
+`gpu` profile the loss and its gradient come from one pass over the logits (`SoftcapCrossEntropy`),
+a training step's forward products of normed inputs run in float8 (`Fp8NormedLinear`, and the
+logits'), and the whole model is compiled as one graph.
 """
 
 import math
@@ -32,7 +33,7 @@ S = session()
 GPU = S.profile_name == "gpu"  # the gpu recipe; the cpu and test profiles keep the simpler one
 # Model size and batch per profile: (depth, width, head dim, sequences per micro-batch, micro-batches per step)
 DEPTH, MODEL_DIM, HEAD_DIM, DEVICE_BATCH, GRAD_ACCUM = {
-    "gpu": (8, 512, 128, 128, 1),
+    "gpu": (4, 1024, 128, 64, 1),
     "cpu": (4, 128, 64, 16, 1),
     "demo": (4, 128, 64, 16, 1),
     "test": (2, 64, 32, 16, 1),
@@ -42,7 +43,7 @@ ROPE_BASE = 10000.0  # rotary embedding base frequency
 LOGIT_SOFTCAP = 15.0  # tanh cap on the output logits, for stability
 FUSED_LOSS = GPU  # the loss and its gradient in one pass over the logits, in slices of tokens
 LOSS_CHUNKS = 4  # token slices of the fused loss
-# training steps: the forward products of normed inputs (q, k, v, MLP up) in float8 e4m3, where the GPU has it
+# training steps: the forward products of normed inputs (q, k, v, MLP up, the head's logits) in float8 e4m3, where the GPU has it
 FP8 = GPU and S.device.type == "cuda" and torch.cuda.get_device_capability(S.device) >= (8, 9)
 VALUE_EMBEDS = GPU  # every other block (the last among them) adds a token embedding of its own to its values
 VE_GATE_CHANNELS = 32  # input channels the value embedding's per-head gate reads
@@ -67,7 +68,7 @@ NS_COEFFS = [  # Newton-Schulz (a, b, c) per iteration: Polar Express's (Amsel e
 NS_MARGIN = 1.02 if GPU else 1.0  # the input is divided by this times its norm, to stay inside the unit ball
 WARMDOWN = 0.5 if GPU else 0.4  # share of the budget (in tokens) at the end over which the learning rate falls to zero
 SKIP_WARMUP_STEPS = GPU  # no optimizer step on the harness's warm-up batches (random tokens): they only compile
-COMPILE = S.device.type == "cuda"  # torch.compile the blocks and the head (pays off on a GPU)
+COMPILE = S.device.type == "cuda"  # torch.compile the model (pays off on a GPU)
 LOG_EVERY = 50  # steps between train-loss lines in the log
 
 # ---------------------------------------------------------------------------------------------
@@ -86,15 +87,22 @@ def normed_linear(x, weight, fp8):
 TENSORWISE = F.ScalingType(0) if FP8 else None  # ScalingType.TensorWise: one scale for a whole tensor
 
 
+def fp8_operands(x, weight):
+    """x (rms-normed: no entry over sqrt(width)) by a fixed scale, so that its cast fuses into the
+    norm's kernel, and weight by its largest entry, cast to float8 e4m3 (448 at most), with the scales."""
+    x_scale = torch.full((), x.size(-1) ** 0.5 / 448, device=x.device)
+    w_scale = weight.abs().amax().clamp_min(1e-30) / 448
+    return (x.float() / x_scale).to(torch.float8_e4m3fn), (weight / w_scale).to(torch.float8_e4m3fn), x_scale, w_scale
+
+
 @torch.compiler.allow_in_graph  # torch 2.11 cannot trace into scaled_mm: it enters the compiled graph whole
 def fp8_matmul(a, b, scale_a, scale_b):
     return F.scaled_mm(a, b, scale_a, TENSORWISE, scale_b, TENSORWISE, output_dtype=torch.bfloat16, use_fast_accum=True)
 
 
 class Fp8NormedLinear(torch.autograd.Function):
-    """x @ weight.T for an rms-normed x (no entry over sqrt(width)), the forward product in float8
-    e4m3 (448 at most): x by a fixed scale, so that its cast fuses into the norm's kernel, the weight
-    by its largest entry. The backward pass is bf16, as without it: float8 gradients, and float8 for
+    """x @ weight.T for an rms-normed x, the forward product in float8 (`fp8_operands`). The
+    backward pass is bf16, as without it: float8 gradients, and float8 for
     the unbounded inputs of the MLP's down and the attention's output products, need a scale taken
     from the whole tensor, passes that cost about what the faster products save (docs/trainer.md).
     """
@@ -102,10 +110,7 @@ class Fp8NormedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight):
         ctx.save_for_backward(x, weight)
-        x_scale = torch.full((), x.size(-1) ** 0.5 / 448, device=x.device)
-        w_scale = weight.abs().amax().clamp_min(1e-30) / 448
-        xq = (x.flatten(0, -2).float() / x_scale).to(torch.float8_e4m3fn)
-        wq = (weight / w_scale).to(torch.float8_e4m3fn)
+        xq, wq, x_scale, w_scale = fp8_operands(x.flatten(0, -2), weight)
         return fp8_matmul(xq, wq.T, x_scale, w_scale).unflatten(0, x.shape[:-1])
 
     @staticmethod
@@ -181,9 +186,9 @@ class LMHead(nn.Module):
         super().__init__()
         self.proj = nn.Linear(MODEL_DIM, vocab_size, bias=False)
 
-    def forward(self, x, targets=None):
+    def forward(self, x, targets=None, fp8=False):
         if FUSED_LOSS and targets is not None:
-            return SoftcapCrossEntropy.apply(rms_norm(x), self.proj.weight, targets)
+            return SoftcapCrossEntropy.apply(rms_norm(x), self.proj.weight, targets, fp8)
         logits = self.proj(rms_norm(x)).float()
         logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
         if targets is None:
@@ -196,20 +201,25 @@ class SoftcapCrossEntropy(torch.autograd.Function):
 
     The gradient is worked out in the forward pass, LOSS_CHUNKS slices of tokens at a time, each
     slice's loss and gradient in one fused kernel, so the float32 logits never exist whole; the
-    backward pass only scales the stored gradients (measured: docs/trainer.md).
+    backward pass only scales the stored gradients (measured: docs/trainer.md). With `fp8` the
+    logits' product is float8 (x is rms-normed, as Fp8NormedLinear's), the gradient's bf16.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets):
+    def forward(ctx, x, weight, targets, fp8=False):
         ctx.shape = x.shape[:2]
         x, w, targets = x.flatten(0, 1), weight.to(torch.bfloat16), targets.flatten()
         xb, n = x.to(torch.bfloat16), targets.numel()
         loss, grad_x, grad_w = 0.0, [], torch.zeros_like(weight)
-        for xs, ts in zip(xb.chunk(LOSS_CHUNKS), targets.chunk(LOSS_CHUNKS)):  # noqa: B905
+        if fp8:
+            xq, wq, x_scale, w_scale = fp8_operands(x, weight)
+            xq = xq.chunk(LOSS_CHUNKS)
+        for i, (xs, ts) in enumerate(zip(xb.chunk(LOSS_CHUNKS), targets.chunk(LOSS_CHUNKS))):  # noqa: B905
+            logits = fp8_matmul(xq[i], wq.T, x_scale, w_scale) if fp8 else xs @ w.T
             # tanh(u) as 2 sigmoid(2u) - 1: one exp instead of tanh's longer sequence; the capped
             # logits are at most LOGIT_SOFTCAP, so their exp needs no max taken first (float32
             # holds 8192 of them up to a cap of about 80)
-            capped = 2 * torch.sigmoid((xs @ w.T).float() * (2 / LOGIT_SOFTCAP)) - 1
+            capped = 2 * torch.sigmoid(logits.float() * (2 / LOGIT_SOFTCAP)) - 1
             exp = torch.exp(LOGIT_SOFTCAP * capped)
             total = exp.sum(dim=-1, keepdim=True)
             picked = LOGIT_SOFTCAP * capped.gather(1, ts[:, None])
@@ -224,7 +234,7 @@ class SoftcapCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_x, grad_w = ctx.saved_tensors
-        return (grad_x * grad_loss).unflatten(0, ctx.shape), grad_w * grad_loss, None
+        return (grad_x * grad_loss).unflatten(0, ctx.shape), grad_w * grad_loss, None, None
 
 
 def has_value_embed(layer):
@@ -269,7 +279,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             ve = next(tables)(idx) if has_value_embed(i) else None
             x = block(x, self.cos[:, :T], self.sin[:, :T], x0 if X0_SKIP else None, ve, FP8 and targets is not None)
-        return self.head(x, targets)
+        return self.head(x, targets, FP8 and targets is not None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,9 +364,8 @@ optimizers = [muon, adam]
 for opt in optimizers:
     for group in opt.param_groups:
         group["initial_lr"] = group["lr"]
-if COMPILE:  # by region: the blocks share compiled graphs, so new shapes compile a block or two, not DEPTH
-    for module in (*model.blocks, model.head):
-        module.compile(dynamic=False)
+if COMPILE:  # one graph: 3% more tokens a second than compiling each block apart, at 4 blocks (docs/trainer.md)
+    model.compile(dynamic=False, fullgraph=True)
 
 
 def lr_scale(progress):
