@@ -5,11 +5,12 @@ in docs/gossip.md; loopback only, never aim it at a node that is not yours.
     python scripts/attack_gossip.py junk ADDR [--senders 5]
     python scripts/attack_gossip.py mss-prefix ADDR [--connections 8] [--mib 64]
     python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16] [--kind KIND]
-    python scripts/attack_gossip.py invalid-flood ADDR [--campaign NAME] [--count 500]
+    python scripts/attack_gossip.py invalid-flood ADDR [--campaign NAME] [--count 500] [--weak-key]
     python scripts/attack_gossip.py relayed ADDR --via RELAY [--campaign NAME] [--count 10]
     python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30] [--pause 0.2]
     python scripts/attack_gossip.py sybil ADDR [--senders 40] [--hold 30] [--campaign NAME]
     python scripts/attack_gossip.py measure ATTACK [its options]   # a fresh node's RSS under it
+                                                                   # (scripts/attack_measure.py)
 
 Each prints one line per stage (`started ...`, `done ...`) so that a caller can follow it.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+PARTIAL = (512 << 10) - 16  # a GossipSub frame just under the node's 512 KiB limit
 
 
 def _say(*words: object) -> None:
@@ -114,9 +116,11 @@ def junk(addr: str, senders: int) -> None:
 # ------------------------------------------------------------ invalid facts, past the ban
 
 
-def invalid_flood(addr: str, campaign: str, count: int) -> None:
+def invalid_flood(addr: str, campaign: str, count: int, weak_key: bool = False) -> None:
     """One GossipSub peer sends `count` messages in one frame, each properly signed by libp2p
-    but not a fact: the first 20 points get it banned, and every one after must still count."""
+    but not a fact: the first 20 points get it banned, and every one after must still count.
+    With `weak_key` each is a fact of the campaign whose author is the identity point, with the
+    signature R = identity, S = 0, which a plain Ed25519 check passes for any message."""
     import multiaddr
     import trio
     from libp2p.crypto.ed25519 import create_new_key_pair
@@ -133,15 +137,32 @@ def invalid_flood(addr: str, campaign: str, count: int) -> None:
         me = Identity.generate()
         async with _gossip_peer(create_new_key_pair(me.seed)) as (host, pubsub):
             _say("attacker", me.peer_id)
-            await _send_invalid(host, pubsub, info, topic, count)
+            forged = _weak_key_facts(campaign, count) if weak_key else None
+            await _send_invalid(host, pubsub, info, topic, count, forged)
             _say("done", count, "messages sent")
 
     trio.run(main)
 
 
-async def _send_invalid(host, pubsub, info, topic: str, count: int) -> None:
+def _weak_key_facts(campaign: str, count: int) -> list[bytes]:
+    import msgpack
+
+    from node import wire
+    from node.gossip.peer import synthetic_result
+    from node.identity import Identity
+
+    signer, identity_point, facts = Identity.generate(), bytes([1]) + bytes(31), []
+    for n in range(count):
+        fact = wire.sign(signer, "result", campaign, n + 1, synthetic_result(n)[0])
+        envelope = msgpack.unpackb(fact.raw, raw=False, strict_map_key=False)
+        envelope.update(author=identity_point, sig=identity_point + bytes(32))
+        facts.append(wire.canonical(envelope))
+    return facts
+
+
+async def _send_invalid(host, pubsub, info, topic: str, count: int, data=None) -> None:
     """Connect to `info` and send it `count` messages in one frame, each properly signed by
-    libp2p but not a fact."""
+    libp2p but not a fact (or the facts in `data`)."""
     import trio
     from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
     from libp2p.pubsub.pb import rpc_pb2
@@ -155,7 +176,7 @@ async def _send_invalid(host, pubsub, info, topic: str, count: int) -> None:
         await trio.sleep(2)
     messages = []
     for n in range(count):
-        msg = rpc_pb2.Message(data=b"not a fact %d" % n, topicIDs=[topic],
+        msg = rpc_pb2.Message(data=data[n] if data else b"not a fact %d" % n, topicIDs=[topic],
                               from_id=pubsub.my_id.to_bytes(), seqno=os.urandom(8))  # fmt: skip
         msg.signature = key[0].sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
         msg.key = key[1].serialize()
@@ -207,12 +228,13 @@ def relayed(addr: str, via: str, campaign: str, count: int) -> None:
 # ------------------------------------------------------------ one handshake, many streams
 
 
-def streams(addr: str, count: int, mib: int, kind: str) -> None:
-    """One fresh key, one connection, then `count` streams at once, each carrying `mib` MiB:
-    `frames`: GossipSub streams whose frames announce 1 GiB; `open`: GossipSub streams that stay
-    open and silent, each a reader the node keeps; `window`: data pushed down the
-    node's own GossipSub stream to us, which it only writes to (Yamux's receive window, not
-    enforced by 0.8.1, is all that should bound it)."""
+def streams(addr: str, count: int, mib: int, kind: str, senders: int = 1) -> None:
+    """`senders` fresh keys, a connection each, then `count` streams at once, each carrying `mib`
+    MiB: `frames`: GossipSub streams whose frames announce 1 GiB; `open`: GossipSub streams that
+    stay open and silent, each a reader the node keeps; `partial`: GossipSub streams each sending
+    all but the last byte of a frame just under the node's limit (512 KiB), inside every cap;
+    `window`: data pushed down the node's own GossipSub stream to us, which it only writes to
+    (Yamux's receive window, not enforced by 0.8.1, is all that should bound it)."""
     import multiaddr
     import trio
     from libp2p import new_host
@@ -232,6 +254,10 @@ def streams(addr: str, count: int, mib: int, kind: str) -> None:
         try:
             if kind == "open":
                 return
+            if kind == "partial":  # never a whole frame: the node's reader holds what came
+                await stream.write(_uvarint(PARTIAL) + b"\x00" * (PARTIAL - 1))
+                sent[0] += PARTIAL
+                return
             if kind == "frames":
                 await stream.write(_uvarint(1 << 30))
             # Down the node's own stream, as raw Yamux DATA frames: no send window is honoured.
@@ -246,7 +272,7 @@ def streams(addr: str, count: int, mib: int, kind: str) -> None:
         except Exception as exc:
             _say("stream closed:", type(exc).__name__)
 
-    async def main() -> None:
+    async def sender() -> None:
         me = Identity.generate()
         host = new_host(key_pair=create_new_key_pair(me.seed), muxer_preference="YAMUX")
         async with (
@@ -256,10 +282,14 @@ def streams(addr: str, count: int, mib: int, kind: str) -> None:
             if kind == "window":  # the node opens its GossipSub stream to us: write down it
                 host.set_stream_handler(PROTOCOL_ID_V11, push)
             _say("attacker", me.peer_id)
-            with trio.fail_after(20):
-                await host.connect(info)
+            try:
+                with trio.fail_after(20):
+                    await host.connect(info)
+            except Exception as exc:  # refused (a cap, a ban): the other senders go on
+                _say("connect failed:", type(exc).__name__)
+                return
             _say("connected")
-            if kind in ("frames", "open"):
+            if kind != "window":
                 for _ in range(count):
                     try:
                         with trio.fail_after(10):
@@ -273,6 +303,11 @@ def streams(addr: str, count: int, mib: int, kind: str) -> None:
                 while True:
                     await trio.sleep(1)
             nursery.cancel_scope.cancel()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(senders):
+                nursery.start_soon(sender)
         _say("done", opened[0], "streams opened,", sent[0] >> 20, "MiB sent")
 
     trio.run(main)
@@ -408,116 +443,10 @@ def _uvarint(value: int) -> bytes:
             return bytes(out)
 
 
-# ------------------------------------------------------------ measuring a node under attack
-
-
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise SystemExit(f"no {field} for pid {pid}")
-
-
-class _Peer:
-    """A `swarm peer` process on loopback in a home of its own, for `measure`."""
-
-    def __init__(self, home: Path, *args: str) -> None:
-        import json
-        import subprocess
-
-        self.home, self.campaign = home, "attack"
-        home.mkdir()
-        self.log = open(home / "node.log", "wb")  # noqa: SIM115  (closed in stop)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "node.cli", "peer", "--campaign", self.campaign, "--listen",
-             LOOPBACK, "--home", str(home), *args], stdout=self.log, stderr=subprocess.STDOUT,
-            cwd=Path(__file__).resolve().parents[1],
-        )  # fmt: skip
-        end = time.monotonic() + 60
-        while not (home / "gossip.json").exists() and time.monotonic() < end:
-            time.sleep(0.2)
-        self.status = lambda: json.loads((home / "gossip.json").read_text())
-        self.addr = self.status()["addrs"][0]
-
-    def publish(self, n: int) -> str:
-        from node.gossip.peer import synthetic_result
-        from node.identity import load_identity
-        from node.ledger import Ledger
-
-        body, source = synthetic_result(n)
-        with Ledger(self.home / "ledger.db", campaign=self.campaign) as ledger:
-            ledger.add_version(source)
-            return ledger.publish(load_identity(self.home), "result", body).id
-
-    def holds(self, ids: set[str]) -> bool:
-        import sqlite3
-
-        with sqlite3.connect(f"file:{self.home / 'ledger.db'}?mode=ro", uri=True) as conn:
-            rows = conn.execute("SELECT id FROM facts WHERE kind = 'result'").fetchall()
-        return ids <= {row[0] for row in rows}
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        self.log.close()
-
-
-def measure(attack_args: list[str]) -> None:
-    """Start a fresh `swarm peer` on loopback and an honest peer of it, let a fact flow each way,
-    run one attack on the first from another process, and print the node's RSS before, its peak
-    (VmHWM) and after, in MiB, whether it still serves, and how long a fact took each way
-    between the two while the attack ran (one from each side every 2 s; a round that took over
-    60 s is cut there)."""
-    import statistics
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        node = _Peer(Path(tmp) / "node")
-        honest = _Peer(Path(tmp) / "honest", "--bootstrap", node.addr)
-        try:
-            first = {node.publish(0), honest.publish(0)}  # the two peers meet and gossip first
-            end = time.monotonic() + 60
-            while not (node.holds(first) and honest.holds(first)) and time.monotonic() < end:
-                time.sleep(0.1)
-            time.sleep(2)  # settle: imports done, first heartbeats
-            before = _status_kib(node.proc.pid, "VmRSS")
-            out = open(Path(tmp) / "attack.out", "w+")  # noqa: SIM115  (closed below)
-            with open(Path(tmp) / "attack.log", "w") as log:  # its libraries' logging
-                attack = subprocess.Popen(
-                    [sys.executable, __file__, attack_args[0], node.addr, *attack_args[1:]],
-                    stdout=out, stderr=log, text=True,
-                )  # fmt: skip
-            waits, n = [], 0
-            while attack.poll() is None:
-                n += 1
-                began = time.monotonic()
-                ids = {node.publish(n), honest.publish(n)}
-                while not (node.holds(ids) and honest.holds(ids)) and time.monotonic() - began < 60:
-                    time.sleep(0.05)
-                waits.append(time.monotonic() - began)
-                time.sleep(max(0.0, 2 - waits[-1]))
-            attack.wait()
-            out.seek(0)
-            said = [line for line in out.read().splitlines() if line.startswith("done")]
-            out.close()
-            peak, after = _status_kib(node.proc.pid, "VmHWM"), _status_kib(node.proc.pid, "VmRSS")
-            status = node.status()
-            _say(said[-1] if said else "the attack said nothing")
-            _say(f"{' '.join(attack_args)}: RSS before {before / 1024:.0f} MiB, peak "
-                 f"{peak / 1024:.0f} MiB, after {after / 1024:.0f} MiB; node alive: "
-                 f"{node.proc.poll() is None}; honest peer connected: "
-                 f"{honest.status()['peer_id'] in status['connected']}")  # fmt: skip
-            _say(f"a fact each way during the attack: median {statistics.median(waits):.2f} s, "
-                 f"at most {max(waits):.2f} s, {len(waits)} rounds; connected "
-                 f"{len(status['connected'])}; counts {status['counts']}")  # fmt: skip
-        finally:
-            node.stop()
-            honest.stop()
-
-
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "measure":
+        from attack_measure import measure  # this script's folder is on the path
+
         measure(sys.argv[2:])
         raise SystemExit(0)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -528,7 +457,10 @@ if __name__ == "__main__":
     parser.add_argument("addr")
     parser.add_argument("--via", help="relayed: the address of the node that relays")
     parser.add_argument("--stall", action="store_true", help="sybil: stop reading once joined")
-    parser.add_argument("--senders", type=int, default=5)
+    parser.add_argument(
+        "--weak-key", action="store_true", help="invalid-flood: facts by a weak key"
+    )
+    parser.add_argument("--senders", type=int, default=5, help="junk, sybil, streams (default 1)")
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--campaign", default="attack")
@@ -537,7 +469,7 @@ if __name__ == "__main__":
     parser.add_argument("--hold", type=float, default=30.0)
     parser.add_argument("--pause", type=float, default=0.2)
     parser.add_argument("--streams", type=int, default=128)
-    parser.add_argument("--kind", choices=["frames", "open", "window"], default="frames")
+    parser.add_argument("--kind", choices=["frames", "open", "partial", "window"], default="frames")
     args = parser.parse_args()
     if args.attack == "junk":
         junk(args.addr, args.senders)
@@ -548,10 +480,11 @@ if __name__ == "__main__":
     elif args.attack == "sybil":
         sybil(args.addr, args.senders, args.hold, args.campaign, args.stall)
     elif args.attack == "invalid-flood":
-        invalid_flood(args.addr, args.campaign, args.count)
+        invalid_flood(args.addr, args.campaign, args.count, args.weak_key)
     elif args.attack == "relayed":
         if not args.via:
             parser.error("relayed needs --via ADDR, the node that relays")
         relayed(args.addr, args.via, args.campaign, args.count)
     elif args.attack == "streams":
-        streams(args.addr, args.streams, args.mib, args.kind)
+        senders = args.senders if "--senders" in sys.argv else 1
+        streams(args.addr, args.streams, args.mib, args.kind, senders)

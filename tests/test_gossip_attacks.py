@@ -113,6 +113,26 @@ def test_streams_over_the_per_connection_cap_are_refused_and_counted(nodes, tmp_
     _meet_and_gossip(a, b)
 
 
+def test_fresh_keys_holding_frames_just_under_the_limit_on_many_streams_are_refused_and_banned(
+    nodes, tmp_path
+) -> None:
+    """Inside every other cap (32 streams a connection, 512 KiB a frame, the Yamux window),
+    each key's GossipSub streams hold a frame all but its last byte: before a peer's GossipSub
+    streams were capped, 20 such keys took a node from 114 to 464 MiB, nothing refused."""
+    a = nodes("a")
+    before = _kib(a, "VmRSS")
+    lines = attack(tmp_path, "streams", a.addr, "--streams", "31", "--kind", "partial",
+                   "--senders", "12")  # fmt: skip
+    grown = (_kib(a, "VmHWM") - before) / 1024
+    assert grown < 48, f"peak RSS grew {grown:.0f} MiB"
+    attackers = {line.split()[1] for line in lines if line.startswith("attacker ")}
+    assert len(attackers) == 12, lines
+    assert a.status()["counts"]["streams_refused"] >= 12 * 20, a.status()["counts"]
+    wait_until(lambda: attackers <= set(a.status()["banned"]), "every stream hog to be banned")
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)
+
+
 def test_frames_announcing_1_gib_and_bytes_past_the_yamux_window_are_bounded_and_banned(
     nodes, tmp_path
 ) -> None:
@@ -146,6 +166,39 @@ def test_every_message_after_a_ban_is_counted_against_its_sender(nodes, tmp_path
     wait_until(lambda: counted() >= 500, "all 500 messages counted against their sender")
     assert attacker in a.status()["banned"]
     wait_until(lambda: "after_ban" in _offences(a, attacker), "the drops recorded in the ledger")
+    after_ban = {d["peer"]: d["counts"] for d in a.status()["drops"]}[attacker]["after_ban"]
+    row = _row_shown(a, attacker)  # and `swarm peers` shows them on the sender's row
+    assert f"after_ban {after_ban}" in row and after_ban >= 480, row
+
+
+def test_facts_by_a_weak_key_sent_over_gossip_are_refused_never_stored_nor_passed_on(
+    nodes, tmp_path
+) -> None:
+    """The identity point as author, R = identity and S = 0 as signature: OpenSSL verifies it
+    for any message, and before, such a fact was stored and gossiped on."""
+    import sqlite3
+
+    a = nodes("a")
+    b = nodes("b", "--bootstrap", a.addr)
+    _meet_and_gossip(a, b)
+    lines = attack(tmp_path, "invalid-flood", a.addr, "--campaign", CAMPAIGN, "--count", "30",
+                   "--weak-key")  # fmt: skip
+    wait_until(lambda: _offences(a, _attacker(lines)).get("weak_key", 0) >= 20, "weak keys refused")
+    for node in (a, b):
+        with sqlite3.connect(f"file:{node.home / 'ledger.db'}?mode=ro", uri=True) as conn:
+            authors = {row[0] for row in conn.execute("SELECT author FROM facts")}
+        assert authors == {a.peer_id, b.peer_id}, node.home.name  # theirs, and none forged
+    assert _attacker(lines) in a.status()["banned"]
+
+
+def _row_shown(node: Node, peer: str) -> str:
+    """The line of `swarm peers`'s drops table for `peer`."""
+    shown = subprocess.run([sys.executable, "-m", "node.cli", "peers", "--home", str(node.home)],
+                           capture_output=True, text=True, cwd=ROOT, env={**os.environ,
+                           "COLUMNS": "200"}, timeout=60)  # fmt: skip
+    assert "dropped messages and bad fetches, by sender" in shown.stdout, shown.stdout
+    table = shown.stdout.split("dropped messages and bad fetches, by sender")[1]
+    return next((line for line in table.splitlines() if peer in line), "")
 
 
 def test_a_banned_peers_messages_relayed_by_an_honest_peer_are_counted_against_it(
@@ -215,10 +268,8 @@ def test_a_peer_serving_bytes_that_fail_their_hash_is_charged_once_and_not_asked
             conn.execute("SELECT COUNT(*) FROM versions WHERE sha256 = ?", (child,)).fetchone()[0]
             == 0
         )
-    shown = subprocess.run([sys.executable, "-m", "node.cli", "peers", "--home", str(b.home)],
-                           capture_output=True, text=True, cwd=ROOT, env={**os.environ,
-                           "COLUMNS": "200"}, timeout=60)  # fmt: skip
-    assert "served bad bytes" in shown.stdout and liar.peer_id in shown.stdout, shown.stdout
+    row = _row_shown(b, liar.peer_id)  # counted and marked on the liar's row of `swarm peers`
+    assert "bad_fetch 1" in row and row.rstrip(" │|").endswith("yes"), row
 
 
 def test_260_silent_sockets_hold_16_handshake_slots_and_peers_gossip_on(nodes, tmp_path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import BASELINE, CAMPAIGN, make_result
+from libp2p.utils.varint import encode_uvarint
 
 from node.gossip.frames import FrameError, pack, unpack
 from node.gossip.limits import HandshakeGate, Limits, PeerBook
@@ -124,3 +125,113 @@ def test_the_library_internals_the_gossip_guards_override_or_call_are_still_ther
     assert "read_varint_prefixed_bytes_limited(" in inspect.getsource(pubsub_module)
     assert "read_delim(" in inspect.getsource(multiselect_communicator)
     assert "MAX_WINDOW_SIZE" in inspect.getsource(yamux.Yamux)
+
+
+class _Stream:
+    """A libp2p stream stand-in: reads serve `answer`, then end; writes are kept."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.unread, self.written, self.was_reset = bytearray(answer), [], False
+
+    async def read(self, n: int = -1) -> bytes:
+        n = len(self.unread) if n < 0 else n
+        chunk = bytes(self.unread[:n])
+        del self.unread[:n]
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    async def close(self) -> None:
+        pass
+
+    async def reset(self) -> None:
+        self.was_reset = True
+
+
+class _Asker:
+    """What `protocols.fetch` and `protocols.sync_with` use of a node: its limits, its ledger's
+    holdings, and the two ways a peer's answer is charged."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.limits, self.charged, self.counts = Limits(), [], {"synced": 0}
+        self.config = SimpleNamespace(campaign=CAMPAIGN)
+        self.ledger = SimpleNamespace(holdings=dict)
+
+    def bad_fetch(self, peer: str, what: str) -> None:
+        self.charged.append(("bad_fetch", what))
+
+    def bad_answer(self, peer: str, what: str) -> None:
+        self.charged.append(("bad_answer", what))
+
+
+def _frame(body: bytes) -> bytes:
+    return encode_uvarint(len(body)) + body
+
+
+@pytest.mark.parametrize(
+    "answer, charged",
+    [
+        (_frame(b"\xc1\xc1 not msgpack"), True),
+        (_frame(pack([1, 2, 3])), True),  # a list, not a map
+        (_frame(pack({"size": 10})), True),  # a map of no known shape
+        (_frame(pack({"data": b"x" * 10, "size": 1 << 40})), True),  # out of bounds
+        (encode_uvarint(3 << 20), True),  # a frame announced over the 2 MiB limit
+        (_frame(pack({"error": "not found"})), False),  # the peer has it not: no fault
+        (b"", False),  # the peer went away
+        (_frame(pack({"data": b"x" * 10, "size": 20})), False),  # cut short: gone, not lying
+    ],
+    ids=[
+        "not-msgpack",
+        "a-list",
+        "no-shape",
+        "out-of-bounds",
+        "over-limit",
+        "not-found",
+        "gone",
+        "cut-short",
+    ],  # fmt: skip
+)
+def test_a_fetch_answer_no_honest_peer_sends_is_charged_and_one_that_ends_early_is_not(
+    monkeypatch, answer, charged
+) -> None:
+    import trio
+
+    from node.gossip import protocols
+
+    node, stream = _Asker(), _Stream(answer)
+
+    async def opened(*_):
+        return stream
+
+    monkeypatch.setattr(protocols, "_open", opened)
+    assert trio.run(protocols.fetch, node, "peer", "version", "ab" * 32) is None
+    assert [why for why, _ in node.charged] == (["bad_fetch"] if charged else [])
+
+
+@pytest.mark.parametrize(
+    "answer, charged",
+    [
+        (_frame(pack([1, 2])), True),  # the first answer must be a map
+        (_frame(b"\xc1"), True),
+        (_frame(pack({"want": []})) + _frame(pack({"not": "a list"})), True),
+        (_frame(pack({"want": []})) + _frame(pack([])), False),  # nothing to send: fine
+        (b"", False),
+    ],
+    ids=["a-list", "not-msgpack", "batch-not-a-list", "nothing-to-send", "gone"],
+)
+def test_a_sync_answer_no_honest_peer_sends_is_charged(monkeypatch, answer, charged) -> None:
+    import trio
+
+    from node.gossip import protocols
+
+    node, stream = _Asker(), _Stream(answer)
+
+    async def opened(*_):
+        return stream
+
+    monkeypatch.setattr(protocols, "_open", opened)
+    assert trio.run(protocols.sync_with, node, "peer") == 0
+    assert [why for why, _ in node.charged] == (["bad_answer"] if charged else [])

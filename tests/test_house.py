@@ -9,14 +9,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 500  # lines a module
 CEILINGS = {  # past the budget already: each one's size when its ceiling was set
     "node/local.py": 525,
-    "scripts/attack_gossip.py": 557,
     "node/report.py": 558,
     "node/trainer/runner.py": 594,
     "node/wire.py": 621,
     "node/ledger.py": 625,
     "node/cli.py": 642,
     "node/agent/researcher.py": 787,
-    "node/gossip/peer.py": 826,
+    "node/gossip/peer.py": 761,
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgpack
 import trio
+from libp2p.io.exceptions import MessageTooLarge
 from libp2p.utils.varint import encode_uvarint, read_varint_prefixed_bytes_limited
 
 MAX_FRAME = 2 << 20  # a fetch chunk (1 MiB) plus its envelope
@@ -21,6 +22,11 @@ class FrameError(Exception):
     """A peer's frame that is too large, truncated, late or not msgpack."""
 
 
+class MalformedFrame(FrameError):
+    """A frame no well-behaved peer sends (over the limit, not msgpack, not the expected shape),
+    as against a peer that went away or stalled: the sender is charged for it."""
+
+
 def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
@@ -29,7 +35,7 @@ def unpack(data: bytes) -> Any:
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False, **_UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises many types on junk; all mean the same here
-        raise FrameError(f"not msgpack: {type(exc).__name__}") from None
+        raise MalformedFrame(f"not msgpack: {type(exc).__name__}") from None
 
 
 async def write_frame(stream: Any, value: Any, timeout: float = 10.0) -> None:
@@ -45,6 +51,8 @@ async def read_frame(stream: Any, limit: int = MAX_FRAME, timeout: float = 10.0)
             data = await read_varint_prefixed_bytes_limited(stream, limit)
     except trio.TooSlowError:
         raise FrameError(f"no frame within {timeout} s") from None
+    except MessageTooLarge as exc:
+        raise MalformedFrame(f"over {limit} bytes: {exc}"[:200]) from None
     except Exception as exc:  # too large, truncated, reset: the exchange is over either way
         raise FrameError(f"{type(exc).__name__}: {exc}"[:200]) from None
     return unpack(data)

@@ -34,7 +34,7 @@ class Limits:
     sync_seconds: float = 30.0
     resync_every: float = 30.0  # anti-entropy with a random peer, for partitions that healed
     max_blob: int = 8 << 20  # a version or diff fetched by hash
-    max_streams: int = 2  # our protocol's streams one peer may have open at once, per protocol
+    max_streams: int = 2  # streams a peer may have open to us at once, per protocol (GossipSub too)
     max_conn_streams: int = 32  # inbound streams open at once on one connection, all protocols
     stream_penalty: float = 1.0  # a stream over that cap (refused)
     # Inbound connections still in their handshake (TCP up, Noise and Yamux not yet done): the

@@ -31,15 +31,14 @@ from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
-from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.score import ScoreParams
-from libp2p.pubsub.validators import signature_validator
 from libp2p.tools.anyio_service import background_trio_service
 
 from node import standing, wire
 from node.errors import SwarmError
 from node.gossip import guards, protocols
 from node.gossip.limits import HandshakeGate, Limits, PeerBook
+from node.gossip.pubsub import GuardedPubsub, origin_id
 from node.identity import Identity, peer_id_from_public_key
 from node.ledger import Ledger
 
@@ -132,77 +131,6 @@ class GossipConfig:
     limits: Limits = field(default_factory=Limits)
 
 
-def _signed(msg: Any) -> bool:
-    try:
-        return signature_validator(msg)
-    except Exception:
-        return False
-
-
-class GuardedPubsub(Pubsub):
-    """Pubsub whose junk costs the sender, not the node (on library internals: test_gossip_limits)."""
-
-    on_junk: Any = None
-    on_invalid: Any = None
-    on_dropped: Any = None  # a message from a blacklisted (banned) peer, dropped by the library
-
-    async def stream_handler(self, stream: Any) -> None:
-        peer_id = stream.muxed_conn.peer_id
-        try:
-            await super().stream_handler(stream)
-        except Exception as exc:  # DecodeError on junk killed unguarded 0.8.1 nodes
-            if self.on_junk is not None:
-                self.on_junk(peer_id, exc)
-            try:
-                await stream.reset()
-            except Exception:
-                pass
-            self._handle_dead_peer(peer_id)
-
-    async def _teardown_if_connected(self, peer_id: ID) -> None:
-        # The library's version (run when we blacklist a peer) deletes `peers[peer_id]` after an
-        # await, by which time `stream_handler` above may have removed it: the KeyError killed
-        # the whole pubsub service, and with it the host. Remove only what is still there.
-        stream = self.peers.get(peer_id)
-        if stream is not None:
-            try:
-                await stream.reset()
-            except Exception:
-                pass
-            if self.peers.get(peer_id) is stream:
-                del self.peers[peer_id]
-        self._forget_all_subscriptions(peer_id)
-
-    async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
-        # The library drops a message whose libp2p signature is wrong, silently; we also charge
-        # the peer that sent it (checked once per message: seen ones are skipped).
-        if msg_forwarder != self.my_id and self.is_peer_blacklisted(msg_forwarder):
-            if self.on_dropped is not None:  # the library drops it without a word: we count it
-                self.on_dropped(msg_forwarder, "after_ban")
-            return
-        originator = _origin_id(msg)
-        if (
-            originator is not None
-            and originator != self.my_id
-            and self.is_peer_blacklisted(originator)
-        ):
-            # A banned peer's message relayed by another: the library drops it without a word
-            # too. Counted against its originator; the relay did nothing wrong.
-            if self.on_dropped is not None:
-                self.on_dropped(originator, "relayed_after_ban")
-            return
-        if (msg_forwarder != self.my_id and not self._is_msg_seen(msg)
-                and not _signed(msg)):  # fmt: skip
-            if self.on_invalid is not None:
-                self.on_invalid(msg_forwarder)
-            return
-        try:
-            await super().push_msg(msg_forwarder, msg)
-        except Exception as exc:  # maybe a library bug on an odd but signed message: no ban
-            if self.on_junk is not None:
-                self.on_junk(msg_forwarder, exc, serious=False)
-
-
 def synthetic_result(seq: int) -> tuple[dict, bytes]:
     """A result fact body and the train.py it names, for tests and benchmarks (no training)."""
     source = f"# synthetic train.py {os.urandom(8).hex()} {seq}\n".encode()
@@ -215,15 +143,8 @@ def synthetic_result(seq: int) -> tuple[dict, bytes]:
     return body, source
 
 
-def _origin_id(msg: Any) -> ID | None:
-    try:
-        return ID(msg.from_id)
-    except Exception:
-        return None
-
-
 def _origin(msg: Any) -> str:
-    origin = _origin_id(msg)
+    origin = origin_id(msg)
     return "?" if origin is None else origin.to_base58()
 
 
@@ -327,7 +248,7 @@ class GossipNode:
         self.topic = topic_for(config.campaign) if config.campaign else None
         self.counts = dict.fromkeys(("accepted", "rejected", "published", "synced", "fetched",
                                      "rate_limited", "junk", "dropped", "restarts", "dials_failed",
-                                     "streams_refused", "window_exceeded", "bad_fetches",
+                                     "streams_refused", "window_exceeded", "bad_fetches", "bad_answers",
                                      "handshakes_refused", "handshakes_cut",
                                      "handshakes_timed_out", "connections_refused"), 0)  # fmt: skip
         self.standing: dict[str, standing.Standing] = {}
@@ -385,10 +306,12 @@ class GossipNode:
             score_params=ScoreParams(p6_appl_slack_weight=1.0, app_specific_score_fn=self._mesh_score),
         )  # fmt: skip
         pubsub = GuardedPubsub(host, router, strict_signing=True, cache_size=1024,
-                               max_inbound_rpc_size=self.limits.max_rpc_bytes)  # fmt: skip
+                               max_inbound_rpc_size=self.limits.max_rpc_bytes,
+                               max_peer_streams=self.limits.max_streams)  # fmt: skip
         pubsub.on_junk = self._on_junk
         pubsub.on_invalid = self._on_bad_signature
         pubsub.on_dropped = lambda peer_id, why: self.drop(peer_id.to_base58(), why)
+        pubsub.on_stream_refused = lambda peer_id: self.refuse_stream(peer_id.to_base58())
         self.host, self.pubsub = host, pubsub
         try:
             await self._serve(host, router, pubsub)
@@ -485,7 +408,20 @@ class GossipNode:
         self.counts["bad_fetches"] += 1
         log.info("bad fetch from %s: %s", peer, what)
         self.book.mark_bad_source(peer)
+        self.book.count_drop(peer, "bad_fetch")
         self._penalise(peer, self.limits.invalid_penalty, "bad_fetch")
+
+    def bad_answer(self, peer: str, what: str) -> None:
+        """`peer` answered one of our requests (a sync) with a frame no honest peer sends."""
+        self.counts["bad_answers"] += 1
+        log.info("bad answer from %s: %s", peer, what)
+        self.book.count_drop(peer, "bad_answer")
+        self._penalise(peer, self.limits.invalid_penalty, "protocol")
+
+    def refuse_stream(self, peer: str) -> None:
+        """`peer` opened a stream over a cap (a connection's, or a protocol's for one peer)."""
+        self.counts["streams_refused"] += 1
+        self._penalise(peer, self.limits.stream_penalty, "streams")
 
     def _on_junk(self, peer_id: ID, exc: Exception, serious: bool = True) -> None:
         self.counts["junk"] += 1
@@ -504,8 +440,7 @@ class GossipNode:
             conn = stream.muxed_conn
             key = id(conn)
             if open_streams.get(key, 0) >= self.limits.max_conn_streams:
-                self.counts["streams_refused"] += 1
-                self._penalise(conn.peer_id.to_base58(), self.limits.stream_penalty, "streams")
+                self.refuse_stream(conn.peer_id.to_base58())
                 try:
                     await stream.reset()
                 except Exception:

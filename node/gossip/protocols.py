@@ -18,7 +18,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from node import wire
-from node.gossip.frames import FrameError, read_frame, write_frame
+from node.gossip.frames import FrameError, MalformedFrame, read_frame, write_frame
 
 if TYPE_CHECKING:
     from node.gossip.peer import GossipNode
@@ -50,7 +50,8 @@ def _guarded(node: GossipNode, handler: Any) -> Any:
             await _reset(stream)
             return
         if not node.book.open_stream(peer, protocol):
-            await _reset(stream)  # too many streams of this protocol at once
+            node.refuse_stream(peer)  # too many streams of this protocol at once
+            await _reset(stream)
             return
         try:
             await handler(node, stream, peer)
@@ -114,7 +115,9 @@ async def sync_with(node: GossipNode, peer: str) -> int:
         bins = wire.head_bins(holdings)
         await write_frame(stream, {"bins": bins, "campaign": node.config.campaign})
         answer = await read_frame(stream, timeout=node.limits.sync_seconds)
-        want = set(_valid_want(answer.get("want") if isinstance(answer, dict) else None))
+        if not isinstance(answer, dict):
+            raise MalformedFrame("sync answer: expected a map")
+        want = set(_valid_want(answer.get("want")))
         authors = {k: n for k, (n, _) in holdings.items() if wire.bin_of(k) in want}
         await write_frame(stream, {"authors": authors})
         received = 0
@@ -122,7 +125,7 @@ async def sync_with(node: GossipNode, peer: str) -> int:
             while received < node.limits.max_sync_facts:
                 batch = await read_frame(stream, timeout=node.limits.sync_seconds)
                 if not isinstance(batch, list) or len(batch) > _SYNC_BATCH:
-                    raise FrameError("sync answer: expected a list of facts")
+                    raise MalformedFrame("sync answer: expected a list of facts")
                 if not batch:
                     break
                 received += len(batch)
@@ -134,6 +137,8 @@ async def sync_with(node: GossipNode, peer: str) -> int:
                     else:
                         node.reject(item, peer)
         await stream.close()
+    except MalformedFrame as exc:
+        node.bad_answer(peer, f"sync: {exc}")
     except Exception as exc:
         log.info("sync with %s: %s", peer, exc)
     node.counts["synced"] += new
@@ -245,18 +250,21 @@ async def fetch(node: GossipNode, peer: str, kind: str, sha256: str) -> bytes | 
         while size is None or offset < size:
             await write_frame(stream, {"kind": kind, "sha256": sha256, "offset": offset})
             answer = await read_frame(stream)
-            if not isinstance(answer, dict) or "data" not in answer:
-                break
-            data, size = answer["data"], answer.get("size")
+            answer = answer if isinstance(answer, dict) else {}
+            if "error" in answer and "data" not in answer:
+                break  # the peer has it not
+            data, size = answer.get("data"), answer.get("size")
             if not (isinstance(data, bytes) and type(size) is int and 0 < len(data) <= CHUNK
                     and size <= node.limits.max_blob and offset + len(data) <= size):  # fmt: skip
-                node.bad_fetch(peer, f"{kind} {sha256[:12]}: an answer out of bounds")
-                await _reset(stream)
-                return None
+                raise MalformedFrame("an answer out of bounds or of no known shape")
             parts.append(data)
             offset += len(data)
         await stream.close()
-    except Exception as exc:
+    except MalformedFrame as exc:  # not msgpack, over the limit, out of bounds: charged
+        node.bad_fetch(peer, f"{kind} {sha256[:12]}: {exc}")
+        await _reset(stream)
+        return None
+    except Exception as exc:  # gone, stalled, refused: not held against it
         log.info("fetch %s %s from %s: %s", kind, sha256[:12], peer, exc)
         return None
     blob = b"".join(parts)
