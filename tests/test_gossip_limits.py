@@ -235,3 +235,25 @@ def test_a_sync_answer_no_honest_peer_sends_is_charged(monkeypatch, answer, char
     monkeypatch.setattr(protocols, "_open", opened)
     assert trio.run(protocols.sync_with, node, "peer") == 0
     assert [why for why, _ in node.charged] == (["bad_answer"] if charged else [])
+
+
+def test_over_the_peer_cap_the_node_closes_a_banned_peer_then_the_one_that_delivered_least():
+    book = PeerBook(Limits(max_peers=3, ban_score=1.0))
+    connected = {"bootstrap", "honest", "quiet-1", "quiet-2"}
+    for _ in range(5):
+        book.count_delivery("honest")
+    # Before, the first peer of the set went, whoever it was: often the honest one.
+    assert book.to_disconnect(connected, keep={"bootstrap"}) == "quiet-1"
+    assert book.to_disconnect(connected - {"quiet-1"}, keep={"bootstrap"}) is None  # at the cap
+    book.penalise("honest", 1.0)
+    assert book.to_disconnect(connected - {"quiet-1"}, keep={"bootstrap"}) == "honest"  # banned
+    assert book.to_disconnect({"bootstrap", "a", "b", "c"}, keep={"bootstrap"}) != "bootstrap"
+
+
+def test_a_peer_that_served_bad_bytes_is_the_last_the_book_forgets():
+    book = PeerBook(Limits(max_known=3))
+    book.add("liar", ["/ip4/127.0.0.1/tcp/1"])
+    book.mark_bad_source("liar")
+    for n in range(10):  # each newcomer past 3 forgets one peer: never the liar while others last
+        book.add(f"peer-{n}", [f"/ip4/127.0.0.1/tcp/{n + 2}"])
+    assert book.is_bad_source("liar")

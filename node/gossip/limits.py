@@ -143,11 +143,12 @@ class PeerBook:
         return entry
 
     def _evict(self) -> None:
-        # Forget one peer we know nothing good about: never a bootstrap or a banned one.
-        for peer, entry in self._peers.items():
-            if not entry.bootstrap and entry.banned_until < time.monotonic():
-                del self._peers[peer]
-                return
+        # Forget one peer we know nothing good about: never a bootstrap or a banned one, and one
+        # that served bad bytes only when no other is left (forgotten, it would be asked again).
+        now = time.monotonic()
+        known = [p for p, e in self._peers.items() if not e.bootstrap and e.banned_until < now]
+        for peer in sorted(known, key=lambda p: self._peers[p].bad_source)[:1]:
+            del self._peers[peer]
 
     def add(self, peer: str, addrs: list[str], bootstrap: bool = False) -> None:
         entry = self._get(peer)
@@ -237,6 +238,16 @@ class PeerBook:
 
     def count_delivery(self, peer: str) -> None:
         self._get(peer).delivered += 1
+
+    def to_disconnect(self, connected: set[str], keep: set[str]) -> str | None:
+        """The connected peer to close now: a banned one, else while over `max_peers` the one
+        that delivered the fewest valid facts, a peer in `keep` (a bootstrap) last."""
+        banned = sorted(p for p in connected if self.is_banned(p))
+        if banned:
+            return banned[0]
+        if len(connected) <= self.limits.max_peers:
+            return None
+        return min(sorted(connected), key=lambda p: (p in keep, self.mesh_score(p)))
 
     def mesh_score(self, peer: str) -> float:
         """What GossipSub's mesh ranks `peer` by: peers that deliver valid facts stay in the mesh

@@ -656,11 +656,10 @@ class GossipNode:
                     if not self.reached.get(peer):
                         self.reached[peer] = True
                         self.say(f"connected to the bootstrap {self.bootstraps[peer]}")
-                for peer in connected:
-                    if self.book.is_banned(peer) or len(connected) > self.limits.max_peers:
-                        nursery.start_soon(self._disconnect, peer)
-                        connected.discard(peer)
-                        break
+                closing = self.book.to_disconnect(connected, keep=set(self.bootstraps))
+                if closing is not None:  # one a tick
+                    nursery.start_soon(self._disconnect, closing)
+                    connected.discard(closing)
                 for peer in connected - self._synced:
                     self._synced.add(peer)
                     nursery.start_soon(protocols.sync_with, self, peer)
