@@ -15,7 +15,7 @@ from node.trainer import (
     harness_sha256,
     run_experiment,
 )
-from node.trainer.scoring import MODEL_FILE
+from node.trainer.handoff import MODEL_FILE
 
 FAST = dataclasses.replace(
     get_profile("test"), startup_seconds=20, max_train_seconds=5, eval_seconds=20

@@ -30,6 +30,7 @@ from node.trainer.sandbox import (
 
 PACKAGE = Path(__file__).resolve().parents[1]  # node/: both processes import the harness from it
 SCORER_EVENTS = frozenset({"result", "refused"})  # what only the scorer may report
+MAX_MODEL_BYTES = 16 << 30  # an exported model over this is neither handed to the scorer nor read
 REFUSED = "refused by the harness: "  # how a void run's error begins when the harness caught it
 Event = dict
 OnEvent = Callable[[Event], None]

@@ -23,16 +23,16 @@ from pathlib import Path
 from node.trainer.compile_cache import IN_SANDBOX, CompileCache, environment
 from node.trainer.data import TokenData
 from node.trainer.errors import TrainerError
+from node.trainer.handoff import MODEL_FILE, Scoring
 from node.trainer.policy import check_source
 from node.trainer.process import PACKAGE, REFUSED, Event, OnEvent, Run, RunCancelled, give_back
 from node.trainer.profiles import Profile
 from node.trainer.sandbox import sandbox_available, sandbox_uid
-from node.trainer.scoring import MODEL_FILE, Scoring
 
 # The harness's version: move it whenever a file that prepares data, times or scores changes
 # (tests/test_harness_version.py fails until it moves), so that results measured by another
 # harness never compare with this one's.
-HARNESS_VERSION = "2026.12.9"
+HARNESS_VERSION = "2026.12.10"
 # What the training process may report; anything else on its pipe is ignored, and a score from
 # it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(

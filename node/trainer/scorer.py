@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from node.trainer.causality import Checker, LookAheadError
+from node.trainer.process import MAX_MODEL_BYTES
 
-MAX_MODEL_BYTES = 16 << 30  # a model file larger than this is refused unread
 # Aten ops that read files or write to the console: a model has no business with either.
 DENIED_OPS = {"from_file", "_print", "save", "load"}
 # Python-level events the scorer refuses once the model file is being read (see `_close_doors`).

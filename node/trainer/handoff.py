@@ -1,6 +1,6 @@
-"""The scorer's side of a run: its own sandboxed process, started early, handed a copy of the
-exported model and the validation tokens (in anonymous memory files, never on its disk), and
-followed to its score. It never runs train.py and never reads a file the training process could
+"""The runner's end of the pipe to the scorer (`scorer.py`, the other end): the scorer's own
+sandboxed process, started early, handed a copy of the exported model and the validation tokens
+(in anonymous memory files, never on its disk), and followed to its score. It never runs train.py and never reads a file the training process could
 swap for something else than a plain file.
 """
 
@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from node.trainer.data import TokenData
-from node.trainer.process import PACKAGE, SCORER_EVENTS, Run
+from node.trainer.process import MAX_MODEL_BYTES, PACKAGE, SCORER_EVENTS, Run
 from node.trainer.sandbox import sandbox_uid
 
 MODEL_FILE = "model.pt2"  # what the training process exports into its run folder for the scorer
-MAX_MODEL_BYTES = 16 << 30  # a larger exported model is not copied, nor scored
 
 
 class Scoring:
