@@ -11,10 +11,12 @@ import time
 
 from rich.table import Table
 
-from node.cli_shared import HomeOption, JsonOption, ago, console, date_of, not_running_line
+from node.cli import app
+from node.cli.shared import HomeOption, JsonOption, ago, console, date_of, not_running_line
 from node.safe_text import safe_text
 
 
+@app.command("peers")
 def peers_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     """What the node in this home sees, or last saw if it stopped: addresses, peers, counts.
 
@@ -94,6 +96,7 @@ def _print_standing(rows: list[dict]) -> None:
     console.print(table)
 
 
+@app.command("status")
 def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
     """What the node in this home is doing, or last did if it stopped: workers, head, peers.
 

@@ -12,7 +12,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from node.cli_shared import (
+from node.cli import app
+from node.cli.shared import (
     DataOption,
     HomeOption,
     JsonOption,
@@ -77,6 +78,7 @@ campaign_app = typer.Typer(
     help="Campaign files: what a group researches together, signed by its organiser.",
     no_args_is_help=True,
 )
+app.add_typer(campaign_app, name="campaign")
 
 
 @campaign_app.command("new")

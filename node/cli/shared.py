@@ -29,7 +29,7 @@ ProfileOption = Annotated[
     typer.Option(
         "--profile",
         "-p",
-        help="test (seconds), demo (about 20 s of training), cpu (about 2 minutes), gpu (300 s on one CUDA GPU).",
+        help="test (seconds), demo (about 20 s of training), cpu (about 2 minutes), gpu (about 250 s on one CUDA GPU).",
     ),
 ]
 DataOption = Annotated[
@@ -40,7 +40,7 @@ DataOption = Annotated[
     ),
 ]
 JsonOption = Annotated[
-    bool, typer.Option("--json", help="Print one JSON object instead of tables.")
+    bool, typer.Option("--json", help="Print JSON instead of tables, for programs.")
 ]
 
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from node import identity as ident
+from node.cli import app
+from node.cli.shared import HomeOption, JsonOption, console
 from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import Ledger, LedgerError, ledger_path
@@ -29,7 +30,6 @@ from node.readable import peer as _peer
 from node.readable import when as _when
 from node.safe_text import safe_text
 
-console = Console()
 WIDE = 120  # columns from which experiments and peers are tables; narrower: a record per row
 
 keys_app = typer.Typer(
@@ -38,18 +38,13 @@ keys_app = typer.Typer(
 ledger_app = typer.Typer(
     help="Inspect the ledger: the signed facts this node holds.", no_args_is_help=True
 )
+app.add_typer(keys_app, name="keys")
+app.add_typer(ledger_app, name="ledger")
 
-HomeOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--home", help="Node home (key, ledger). Env SWARM_HOME; default ~/.research-swarm."
-    ),
-]
 DbOption = Annotated[
     Path | None,
     typer.Option("--db", help="A ledger file to read instead of HOME/ledger.db."),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
 
 
 # ---------------------------------------------------------------- rendering helpers
