@@ -2,6 +2,13 @@
 
 The face: `GossipConfig`, `run_peer(config)` (blocks; a bootstrap is a peer that trains nothing),
 `read_status(home)`, `topic_for(campaign)`, `GossipError`. Trio and libp2p stay in this package.
+
+    peer.py       one gossiping node: its host, topic, maintenance loops and status
+    pubsub.py     GossipSub's Pubsub, charging the sender for junk, bad signatures and streams
+    guards.py     patches of the library where it trusts a stranger's lengths and windows
+    protocols.py  our own protocols: sync, peer exchange, fetch by hash
+    frames.py     length-prefixed msgpack frames, with limits on size and time
+    limits.py     what a node allows its peers, and the book of the peers it knows
 """
 
 from __future__ import annotations

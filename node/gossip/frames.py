@@ -56,3 +56,11 @@ async def read_frame(stream: Any, limit: int = MAX_FRAME, timeout: float = 10.0)
     except Exception as exc:  # too large, truncated, reset: the exchange is over either way
         raise FrameError(f"{type(exc).__name__}: {exc}"[:200]) from None
     return unpack(data)
+
+
+async def reset(stream: Any) -> None:
+    """End `stream` at once, whatever state it is in (already reset or closed: nothing to do)."""
+    try:
+        await stream.reset()
+    except Exception:
+        pass

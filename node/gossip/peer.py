@@ -36,7 +36,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from node import standing, wire
 from node.errors import SwarmError
-from node.gossip import guards, protocols
+from node.gossip import frames, guards, protocols
 from node.gossip.limits import HandshakeGate, Limits, PeerBook
 from node.gossip.pubsub import GuardedPubsub, origin_id
 from node.identity import Identity, peer_id_from_public_key
@@ -441,10 +441,7 @@ class GossipNode:
             key = id(conn)
             if open_streams.get(key, 0) >= self.limits.max_conn_streams:
                 self.refuse_stream(conn.peer_id.to_base58())
-                try:
-                    await stream.reset()
-                except Exception:
-                    pass
+                await frames.reset(stream)
                 return
             open_streams[key] = open_streams.get(key, 0) + 1
             try:

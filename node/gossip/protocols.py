@@ -18,7 +18,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from node import wire
-from node.gossip.frames import FrameError, MalformedFrame, read_frame, write_frame
+from node.gossip.frames import FrameError, MalformedFrame, read_frame, reset, write_frame
 
 if TYPE_CHECKING:
     from node.gossip.peer import GossipNode
@@ -47,11 +47,11 @@ def _guarded(node: GossipNode, handler: Any) -> Any:
         protocol = str(stream.get_protocol())
         if node.book.is_banned(peer):
             node.book.count_drop(peer, "stream_after_ban")
-            await _reset(stream)
+            await reset(stream)
             return
         if not node.book.open_stream(peer, protocol):
             node.refuse_stream(peer)  # too many streams of this protocol at once
-            await _reset(stream)
+            await reset(stream)
             return
         try:
             await handler(node, stream, peer)
@@ -60,18 +60,11 @@ def _guarded(node: GossipNode, handler: Any) -> Any:
             log.info("%s from %s: %s", protocol, peer, exc)
             if isinstance(exc, FrameError):
                 node._penalise(peer, node.limits.invalid_penalty, "protocol")
-            await _reset(stream)
+            await reset(stream)
         finally:
             node.book.close_stream(peer, protocol)
 
     return run
-
-
-async def _reset(stream: Any) -> None:
-    try:
-        await stream.reset()
-    except Exception:
-        pass
 
 
 async def _open(node: GossipNode, peer: str, protocol: TProtocol) -> Any:
@@ -262,7 +255,7 @@ async def fetch(node: GossipNode, peer: str, kind: str, sha256: str) -> bytes | 
         await stream.close()
     except MalformedFrame as exc:  # not msgpack, over the limit, out of bounds: charged
         node.bad_fetch(peer, f"{kind} {sha256[:12]}: {exc}")
-        await _reset(stream)
+        await reset(stream)
         return None
     except Exception as exc:  # gone, stalled, refused: not held against it
         log.info("fetch %s %s from %s: %s", kind, sha256[:12], peer, exc)

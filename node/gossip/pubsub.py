@@ -12,19 +12,14 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 
+from node.gossip.frames import reset
+
 
 def origin_id(msg: Any) -> ID | None:
     try:
         return ID(msg.from_id)
     except Exception:
         return None
-
-
-async def _reset(stream: Any) -> None:
-    try:
-        await stream.reset()
-    except Exception:
-        pass
 
 
 def _signed(msg: Any) -> bool:
@@ -55,7 +50,7 @@ class GuardedPubsub(Pubsub):
         if self._inbound.get(peer_id, 0) >= self.max_peer_streams:
             if self.on_stream_refused is not None:
                 self.on_stream_refused(peer_id)
-            await _reset(stream)
+            await reset(stream)
             return
         self._inbound[peer_id] = self._inbound.get(peer_id, 0) + 1
         try:
@@ -63,7 +58,7 @@ class GuardedPubsub(Pubsub):
         except Exception as exc:  # DecodeError on junk killed unguarded 0.8.1 nodes
             if self.on_junk is not None:
                 self.on_junk(peer_id, exc)
-            await _reset(stream)
+            await reset(stream)
             self._handle_dead_peer(peer_id)
         finally:
             self._inbound[peer_id] -= 1
@@ -76,7 +71,7 @@ class GuardedPubsub(Pubsub):
         # the whole pubsub service, and with it the host. Remove only what is still there.
         stream = self.peers.get(peer_id)
         if stream is not None:
-            await _reset(stream)
+            await reset(stream)
             if self.peers.get(peer_id) is stream:
                 del self.peers[peer_id]
         self._forget_all_subscriptions(peer_id)
