@@ -7,7 +7,7 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN, confirming_looks, make_result
 
-from node.agent.adoption import QueuedProposer, best_head, merge_proposals
+from node.agent.adoption import QueuedProposer, best_head, bundles, merge_proposals
 from node.agent.offline import OfflineProposer
 from node.agent.patch import change_hash
 from node.agent.proposers import Context
@@ -19,6 +19,8 @@ NARROW = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
 WIDE = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 5 ")
 FOUR_STEPS = BASELINE.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
 BOTH = NARROW.replace("def orthogonalize(G, steps=5):", "def orthogonalize(G, steps=4):")
+HEAD_LR = ("HEAD_LR = 0.004 ", "HEAD_LR = 0.006 ")
+SLOWER_HEAD = BASELINE.replace(*HEAD_LR)  # a third change, on another line
 
 
 def sha(text: str) -> str:
@@ -28,7 +30,7 @@ def sha(text: str) -> str:
 @pytest.fixture
 def book(tmp_path):
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
-        for source in (BASELINE, NARROW, WIDE, FOUR_STEPS):
+        for source in (BASELINE, NARROW, WIDE, FOUR_STEPS, SLOWER_HEAD):
             ledger.add_version(source.encode())
         yield ledger
 
@@ -52,6 +54,38 @@ def test_the_head_is_the_best_verified_win_and_other_wins_merge_onto_it(book, al
     merges = merge_proposals(book, head, "test")
     assert [m.source for m in merges] == [BOTH]
     assert merges[0].description.startswith(f"merge of {sha(FOUR_STEPS)[:12]}")
+
+
+def test_several_wins_merge_onto_the_head_as_one_bundle_first_then_each_alone(
+    book, alice, bob, carol
+):
+    claim(book, alice, 1, NARROW, 1.40, [carol], gain=0.08)
+    claim(book, bob, 1, FOUR_STEPS, 1.42, [carol], gain=0.05)
+    claim(book, bob, 2, SLOWER_HEAD, 1.43, [alice], gain=0.04)
+    merges = merge_proposals(book, sha(NARROW), "test")
+    every = BOTH.replace(*HEAD_LR)
+    assert [m.source for m in merges] == [every, BOTH, NARROW.replace(*HEAD_LR)]
+    assert merges[0].description == (
+        f"bundle of 2: {sha(FOUR_STEPS)[:12]}, {sha(SLOWER_HEAD)[:12]}"  # largest gain first
+    )
+
+
+def test_a_bundle_is_followed_by_its_halves_down_to_pairs_and_changes_that_clash_make_none():
+    from node.agent.proposers import Proposal
+
+    head = "".join(f"v{i} = {i}\n\n" for i in range(10))  # a line between any two changes
+    lines = head.splitlines(keepends=True)
+
+    def change(i: int, new: str) -> tuple[str, Proposal]:
+        text = "".join(new + "\n" if j == i else line for j, line in enumerate(lines))
+        return f"{i:02d}" * 32, Proposal(f"merge of {i}", text)
+
+    out = bundles(head, [change(i, f"v{i} = -1") for i in range(0, 10, 2)])  # 5 merges
+    sizes = [int(p.description.split(":")[0].split()[-1]) for p in out]
+    assert sizes == [5, 3, 2, 2]  # all, its halves (3 and 2), then the 3's (2; 1 makes none)
+    assert all(f"v{i} = -1" in out[0].source for i in range(0, 10, 2))
+    assert out[0].description.startswith("bundle of 5: 0000")
+    assert bundles(head, [change(0, "v0 = 7"), change(0, "v0 = 8")]) == []  # the same line
 
 
 def test_unverified_refuted_and_conflicting_wins_are_not_merged(book, alice, bob, carol):

@@ -137,7 +137,7 @@ def test_the_study_reports_medians_intervals_and_unreached_seeds():
     assert out["speedup_vs_keep_if_lower"]["value"] is None  # the lone node never got there
 
 
-def test_a_merge_in_a_lineage_counts_for_the_author_of_the_change_it_carries():
+def test_a_merge_or_a_bundle_in_a_lineage_counts_for_the_authors_of_the_changes_it_carries():
     sim = Simulation(Settings(nodes=2, seed=0))
     try:
         win = {"id": "r1", "author": "slow", "description": "idea 7 on", "child": "ab" * 32}
@@ -145,7 +145,12 @@ def test_a_merge_in_a_lineage_counts_for_the_author_of_the_change_it_carries():
                   "child": "cd" * 32}  # fmt: skip
         again = {"id": "r3", "author": "other", "description": f"merge of {'cd' * 6}: merge of",
                  "child": "ef" * 32}  # fmt: skip
-        sim.made_by.update({win["child"]: win, merged["child"]: merged})
-        assert sim.origin(win) is win and sim.origin(merged) is win and sim.origin(again) is win
+        other = {"id": "r4", "author": "fast", "description": "idea 9 on", "child": "12" * 32}
+        bundle = {"id": "r5", "author": "slow", "child": "34" * 32,
+                  "description": f"bundle of 2: {'cd' * 6}, {'12' * 6}"}  # fmt: skip
+        sim.made_by.update({r["child"]: r for r in (win, merged, other)})
+        assert sim.origins(win) == [win] and sim.origins(merged) == [win]
+        assert sim.origins(again) == [win]
+        assert sim.origins(bundle) == [win, other]  # a bundle counts for each change it carries
     finally:
         sim.close()

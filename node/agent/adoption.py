@@ -19,6 +19,7 @@ from node.ledger import Ledger
 
 Trusted = Callable[[str], bool]  # may this node run code that this peer id made?
 MERGE_PREFIX = "merge of "  # how a merge proposal's description starts
+BUNDLE_PREFIX = "bundle of "  # "bundle of N: VERSION, VERSION, ...": several wins merged as one
 
 
 def swarm_rows(ledger: Ledger, profile: str) -> tuple[list[dict], list[dict]]:
@@ -91,13 +92,15 @@ def merges_onto(
 ) -> list[Proposal]:  # fmt: skip
     """`merge_proposals` over given rows and their judgements (`consensus.judge_claims`), with
     `version` giving a train.py's bytes by sha256 (None when not held); with `reach`, only the
-    verified wins it accepts are merged. Pure apart from what `version` does."""
+    verified wins it accepts are merged. Several merges come first as bundles (`bundles`).
+    Pure apart from what `version` does."""
     head_source = version(head)
     if head_source is None:
         return []
     head_text = head_source.decode()
     lineage = _ancestors(results, head)
-    out, seen = [], set()
+    out: list[tuple[str, Proposal]] = []
+    seen = set()
     wins = [
         r for r in results
         if (j := judged.get(r["id"])) is not None and j.state == "verified" and j.gain is not None
@@ -112,14 +115,37 @@ def merges_onto(
         merged = merge(parent.decode(), head_text, child.decode())
         if merged is None or merged == head_text:
             continue
-        try:
-            check_source(merged)
-        except PatchError:
+        if not _passes(merged):
             continue
         key = change_hash(head_text, merged)
         if key not in seen:
             seen.add(key)
-            out.append(Proposal(f"{MERGE_PREFIX}{r['child'][:12]}: {r['description']}", merged))
+            proposal = Proposal(f"{MERGE_PREFIX}{r['child'][:12]}: {r['description']}", merged)
+            out.append((r["child"], proposal))
+    return bundles(head_text, out) + [proposal for _, proposal in out]
+
+
+def bundles(head_text: str, merges: list[tuple[str, Proposal]]) -> list[Proposal]:
+    """Merges onto one head (each with the version whose change it carries, largest verified
+    gain first), merged together as one proposal, so that one verification moves the head by
+    all of their steps at once; after it, its halves, their halves, down to pairs, so that a
+    bundle that fails (one change spoils the others) is split until the culprit is left out,
+    each half in the next proposal; the merges alone follow (`merges_onto`). A node moves on
+    from the queue once a proposal of it is kept. A group whose changes touch the same lines
+    makes no bundle."""
+    out, groups = [], [merges]
+    while groups:
+        group = groups.pop(0)
+        if len(group) < 2:
+            continue
+        text: str | None = head_text
+        for _, proposal in group:
+            text = merge(head_text, text, proposal.source) if text is not None else None
+        if text is not None and text != head_text and _passes(text):
+            versions = ", ".join(child[:12] for child, _ in group)
+            out.append(Proposal(f"{BUNDLE_PREFIX}{len(group)}: {versions}", text))
+        half = (len(group) + 1) // 2
+        groups += [group[:half], group[half:]]
     return out
 
 
@@ -167,3 +193,11 @@ def written_by(ledger: Ledger, version: str, baseline: str, authors: Trusted) ->
             if authors(r["author"]) and not r["description"].startswith(MERGE_PREFIX)
         ]  # fmt: skip
     return False
+
+
+def _passes(source: str) -> bool:
+    try:
+        check_source(source)
+    except PatchError:
+        return False
+    return True

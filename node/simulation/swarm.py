@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from node import consensus, wire
-from node.agent.adoption import MERGE_PREFIX
+from node.agent.adoption import BUNDLE_PREFIX, MERGE_PREFIX
 from node.simulation import landscape as land
 from node.simulation.network import FactStore, Transport, head_size
 from node.simulation.nodes import CAMPAIGN, HARNESS, SimNode
@@ -376,20 +376,26 @@ class Simulation:
             version = self.made_by[version]["parent"]
         return chain[::-1]
 
-    def origin(self, result: dict) -> dict:
-        """The kept result whose change `result` carries: itself, or for a merge ("merge of
+    def origins(self, result: dict, seen: frozenset = frozenset()) -> list[dict]:
+        """The kept results whose changes `result` carries: itself, or for a merge ("merge of
         VERSION: ...", a verified win of another parent's merged onto the head, or a node's own
-        keep rebased onto it) the result that made the merged version, followed back through
-        merges of merges."""
-        seen = set()
-        while result["description"].startswith(MERGE_PREFIX) and result["id"] not in seen:
-            seen.add(result["id"])
-            prefix = result["description"][len(MERGE_PREFIX) :].split(":", 1)[0]
+        keep rebased onto it) the result that made the merged version, and for a bundle
+        ("bundle of N: VERSION, ...") those of each version, followed back through merges of
+        merges."""
+        description = result["description"]
+        if result["id"] in seen:
+            return [result]
+        if description.startswith(MERGE_PREFIX):
+            prefixes = [description[len(MERGE_PREFIX) :].split(":", 1)[0]]
+        elif description.startswith(BUNDLE_PREFIX):
+            prefixes = description.split(":", 1)[1].replace(",", " ").split()
+        else:
+            return [result]
+        found = []
+        for prefix in prefixes:
             made = next((r for v, r in self.made_by.items() if v.startswith(prefix)), None)
-            if made is None:
-                break
-            result = made
-        return result
+            found += [result] if made is None else self.origins(made, seen | {result["id"]})
+        return found
 
     def head_shares(self) -> dict[str, float]:
         """Over the honest nodes' time from their first adoption to the end: the share spent on
@@ -442,10 +448,11 @@ class Simulation:
             "fast_share_of_lineage": (
                 sum(self.fast_of[r["author"]] for r in steps) / len(steps) if steps else None
             ),  # fmt: skip
-            # the same, a merge counted for the author of the change it carries
+            # the same, counted by change: a merge for the author of the change it carries, a
+            # bundle for those of each of its changes
             "fast_share_of_changes": (
-                sum(self.fast_of[self.origin(r)["author"]] for r in steps) / len(steps)
-                if steps
+                sum(self.fast_of[o["author"]] for o in changes) / len(changes)
+                if (changes := [o for r in steps for o in self.origins(r)])
                 else None
             ),
             "fast_share_of_research_runs": self.research_runs_fast / research,
