@@ -1,7 +1,8 @@
 """The runner's end of the pipe to the scorer (`scorer.py`, the other end): the scorer's own
 sandboxed process, started early, handed a copy of the exported model and the validation tokens
-(in anonymous memory files, never on its disk), and followed to its score. It never runs train.py and never reads a file the training process could
-swap for something else than a plain file.
+(in anonymous memory files, never on its disk), and followed to its score. It never runs
+train.py and never reads a file the training process could swap for something else than a
+plain file.
 """
 
 from __future__ import annotations
