@@ -72,6 +72,27 @@ def test_oversized_and_unparsable_versions_are_refused():
     assert "does not parse" in str(check_source("def broken(:\n")[0])
 
 
+def test_train_py_is_parsed_one_thread_at_a_time():
+    """CPython 3.11's `ast.parse` shares one depth counter between threads (a SystemError when
+    two runs of a node's workers were checked at once, seen in CI): the policy's and the offline
+    proposer's parses take one lock."""
+    from node.agent.offline import OfflineProposer
+    from node.trainer import policy
+
+    fresh = BASELINE_TRAIN_PY.read_text() + f"# {os.urandom(8).hex()}\n"  # in no cache
+    for parse in (
+        lambda: check_source(fresh),
+        lambda: list(OfflineProposer(0).candidates(fresh, "test")),
+    ):
+        done = threading.Event()
+        with policy._PARSING:
+            waiting = threading.Thread(target=lambda p=parse, d=done: (p(), d.set()))
+            waiting.start()
+            assert not done.wait(0.3)  # held while another thread parses
+        assert done.wait(10)
+        waiting.join()
+
+
 def test_a_refused_version_never_runs_and_its_result_says_why(tmp_path, small_data):
     script = tmp_path / "train.py"
     script.write_text(HEAD + ATTACKS["spawns a subprocess"])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from node.agent.errors import PatchError, ProposalRefused
 from node.agent.patch import change_hash, check_source
 from node.agent.proposers import Context, Proposal
+from node.trainer import policy
 
 SKIP_CONSTANTS = frozenset({"LOG_EVERY", "COMPILE"})  # no effect on what the model learns
 FLOAT_FACTORS = (0.5, 0.7, 1.4, 2.0)
@@ -96,7 +97,7 @@ def hyperparameter_steps(source: str, profile: str | None = None) -> list[_Step]
     of a constant set per profile (`a if GPU else b`), the value `profile` runs (`_values`)."""
     lines = source.split("\n")
     out: list[_Step] = []
-    for stmt in ast.parse(source).body:
+    for stmt in policy.parse(source).body:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
             continue
         target = stmt.targets[0]
@@ -144,7 +145,7 @@ def profile_steps(source: str, profile: str) -> list[_Step]:
     (`DEPTH, MODEL_DIM, ... = {"gpu": (...), ...}[S.profile_name]`)."""
     lines = source.split("\n")
     out: list[_Step] = []
-    for stmt in ast.parse(source).body:
+    for stmt in policy.parse(source).body:
         if not (
             isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple)
             and isinstance(stmt.value, ast.Subscript) and isinstance(stmt.value.value, ast.Dict)
@@ -298,10 +299,12 @@ class OfflineProposer:
             yield f"{a.description}; {b.description}", _with_lines(source, (a, b))
 
     def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
-        """The candidates in the order this node tries them: single steps before pairs; this
-        node's share first when it knows itself and its peers; within each, the moves the
-        evidence favours first and those it disfavours last (`expected_deltas`; a pair, the sum
-        of its two), the rest in the seed's order."""
+        """The candidates in the order this node tries them: this node's share first when it
+        knows itself and its peers, so that no two nodes start on one change (a node whose share
+        holds no single step starts on its pairs, not on another node's single); single steps
+        before pairs within each; then the moves the evidence favours first and those it
+        disfavours last (`expected_deltas`; a pair, the sum of its two), the rest in the seed's
+        order."""
         candidates = self.candidates(context.train_py, context.profile)
         peers = context.active | {context.me} if context.me else frozenset()
         expected = expected_deltas(context)
@@ -312,7 +315,7 @@ class OfflineProposer:
                 share_of(_change_hash(context.train_py, child), peers) != context.me
             )
             guess = sum(expected.get(move(part), 0.0) for part in description.split("; "))
-            return "; " in description, theirs, guess, index
+            return theirs, "; " in description, guess, index
 
         for _, candidate in sorted(enumerate(candidates), key=place):
             yield candidate

@@ -9,6 +9,7 @@ one layer: the sandbox contains what it misses. It reads source; it never import
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass
 
 MAX_BYTES = 64 * 1024  # a train.py larger than this is not one readable file
@@ -97,6 +98,19 @@ class Violation:
         return f"line {self.line}: {self.rule}"
 
 
+# CPython 3.11 counts the depth of the tree `ast.parse` builds in one counter per interpreter,
+# not per thread: two threads parsing at once can fail with "SystemError: AST constructor
+# recursion depth mismatch" (python/cpython#106905; seen here when two runs started at once).
+# A node's workers are threads, so every parse of a train.py goes through `parse`.
+_PARSING = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """`ast.parse`, one thread at a time."""
+    with _PARSING:
+        return ast.parse(source)
+
+
 def check_source(source: str) -> list[Violation]:
     """Every rule `source` breaks, in line order; an empty list means it may run."""
     size = len(source.encode("utf-8"))
@@ -109,7 +123,7 @@ def check_source(source: str) -> list[Violation]:
             )
         ]
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError as exc:
         return [Violation(exc.lineno or 0, f"does not parse: {exc.msg}")]
     found = [v for node in ast.walk(tree) for v in _check(node)]
