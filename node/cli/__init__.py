@@ -32,7 +32,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Each module registers its commands on `app` as it is imported, in the order `--help` lists them.
+# Each module registers its commands on `app` as it is imported (`--help` lists them in this order,
+# groups of commands after the commands).
 from node.cli import ledger, run, nodes, status, campaign  # noqa: E402, F401, I001
 
 
