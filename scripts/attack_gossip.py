@@ -4,7 +4,7 @@ in docs/gossip.md; loopback only, never aim it at a node that is not yours.
 
     python scripts/attack_gossip.py junk ADDR [--senders 5]
     python scripts/attack_gossip.py mss-prefix ADDR [--connections 8] [--mib 64]
-    python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16] [--kind KIND]
+    python scripts/attack_gossip.py streams ADDR [--streams 128] [--mib 16] [--kind KIND] [--senders 1]
     python scripts/attack_gossip.py invalid-flood ADDR [--campaign NAME] [--count 500] [--weak-key]
     python scripts/attack_gossip.py relayed ADDR --via RELAY [--campaign NAME] [--count 10]
     python scripts/attack_gossip.py silent ADDR [--sockets 260] [--hold 30] [--pause 0.2]
@@ -460,7 +460,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--weak-key", action="store_true", help="invalid-flood: facts by a weak key"
     )
-    parser.add_argument("--senders", type=int, default=5, help="junk, sybil, streams (default 1)")
+    parser.add_argument("--senders", type=int, help="fresh keys: junk and sybil 5, streams 1")
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--campaign", default="attack")
@@ -472,13 +472,13 @@ if __name__ == "__main__":
     parser.add_argument("--kind", choices=["frames", "open", "partial", "window"], default="frames")
     args = parser.parse_args()
     if args.attack == "junk":
-        junk(args.addr, args.senders)
+        junk(args.addr, args.senders or 5)
     elif args.attack == "mss-prefix":
         mss_prefix(args.addr, args.connections, args.mib)
     elif args.attack == "silent":
         silent(args.addr, args.sockets, args.hold, args.pause)
     elif args.attack == "sybil":
-        sybil(args.addr, args.senders, args.hold, args.campaign, args.stall)
+        sybil(args.addr, args.senders or 5, args.hold, args.campaign, args.stall)
     elif args.attack == "invalid-flood":
         invalid_flood(args.addr, args.campaign, args.count, args.weak_key)
     elif args.attack == "relayed":
@@ -486,5 +486,4 @@ if __name__ == "__main__":
             parser.error("relayed needs --via ADDR, the node that relays")
         relayed(args.addr, args.via, args.campaign, args.count)
     elif args.attack == "streams":
-        senders = args.senders if "--senders" in sys.argv else 1
-        streams(args.addr, args.streams, args.mib, args.kind, senders)
+        streams(args.addr, args.streams, args.mib, args.kind, args.senders or 1)
