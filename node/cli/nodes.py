@@ -24,6 +24,12 @@ from node.cli.shared import (
 )
 from node.errors import SwarmError
 
+BootstrapOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable)."
+    ),
+]
 ListenOption = Annotated[
     str,
     typer.Option(
@@ -76,12 +82,7 @@ def peer_cmd(
     campaign: Annotated[
         str, typer.Option("--campaign", help="The campaign whose facts to gossip.")
     ],
-    bootstrap: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable)."
-        ),
-    ] = None,
+    bootstrap: BootstrapOption = None,
     listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
     publish_every: Annotated[
         float,
@@ -135,12 +136,7 @@ def _stop_on_signal():
 
 @app.command("join")
 def join_cmd(
-    bootstrap: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable)."
-        ),
-    ] = None,
+    bootstrap: BootstrapOption = None,
     profile: ProfileOption = "cpu",
     model: Annotated[
         str | None,
