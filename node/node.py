@@ -185,7 +185,19 @@ def run_node(
     threads += [
         threading.Thread(
             target=_work,
-            args=(config, profile, index, device, tokens, compiled, crew, stop, failures, turns),
+            args=(
+                config,
+                profile,
+                index,
+                device,
+                tokens,
+                compiled,
+                crew,
+                stop,
+                failures,
+                turns,
+                say,
+            ),
             name=f"worker-{index}",
             daemon=True,
         )
@@ -296,8 +308,10 @@ def _work(
     stop: threading.Event,
     failures: list[BaseException],
     turns: GpuTurns | None = None,
+    say: Callable[[str], None] = print,
 ) -> None:
-    """One research worker: its own ledger connection and proposer, step after step until stopped."""
+    """One research worker: its own ledger connection and proposer, step after step until
+    stopped, saying what it does as it changes (a run begun, an outcome)."""
     from node.agent import AgentError, LLMProposer, OfflineProposer
     from node.agent.researcher import Researcher
     from node.ledger import Ledger, ledger_path
@@ -336,6 +350,7 @@ def _work(
                 trust=config.trust,
                 compile_cache=compiled,
                 crew=crew,
+                say=lambda line: say(f"{time.strftime('%H:%M:%S')} worker {index}: {line}"),
             )
             refusals = 0
             while not stop.is_set():

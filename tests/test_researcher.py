@@ -11,6 +11,8 @@ import hashlib
 import json
 import math
 import re
+import threading
+import time
 
 import pytest
 from conftest import CAMPAIGN
@@ -589,6 +591,95 @@ def test_two_workers_of_a_node_never_run_one_change_twice_and_build_on_one_linea
         assert landscape.runs == [
             BASELINE, FOUR_STEPS, BASELINE, FOUR_STEPS, NARROW, NARROW, BOTH, BOTH, softer, softer,
         ]  # fmt: skip
+
+
+class Gated(Landscape):
+    """Landscape, except that the run of `source` on `seed` holds until `gate` is set: a run in
+    flight on one worker while another worker goes on in another thread. `ran`: (source, seed)
+    of every run, in the order they began."""
+
+    def __init__(self, source: str, seed: int) -> None:
+        super().__init__()
+        self.key, self.ran = (source, seed), []
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def __call__(self, script, *args, **kwargs):
+        self.ran.append((script.read_text(), kwargs.get("seed")))
+        if self.ran[-1] == self.key:
+            self.entered.set()
+            assert self.gate.wait(30)
+        return super().__call__(script, *args, **kwargs)
+
+
+def _worker_thread(tmp_path, me, name: str, landscape, crew: Crew, work) -> threading.Thread:
+    """`work(researcher)` in a thread of its own with its own ledger connection, as a node's
+    workers run."""
+
+    def body() -> None:
+        with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+            work(researcher(book, me, tmp_path / name, Scripted(), landscape, verify_every=0,
+                            crew=crew))  # fmt: skip
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_workers_that_start_together_score_the_head_on_both_seeds_never_one_seed_twice(
+    alice, tmp_path
+):
+    """Measured on an H200: both workers of a fresh node scored the baseline on the same seed
+    at once, 260 s of GPU time for a run the node had in flight."""
+    crew = Crew()
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        second = researcher(book, alice, tmp_path / "gpu1", Scripted(), None, verify_every=0,
+                            crew=crew)  # fmt: skip
+        seeds = second.seeds()
+        landscape = Gated(BASELINE, seeds[0])
+        second.run = landscape
+        first = _worker_thread(tmp_path, alice, "gpu0", landscape, crew, Researcher.start)
+        assert landscape.entered.wait(30)  # the first worker scores the head on the first seed
+        second.start()  # meanwhile: the second scores it on the other seed, at once
+        assert landscape.ran == [(BASELINE, seeds[0]), (BASELINE, seeds[1])]
+        landscape.gate.set()
+        first.join(30)
+        assert not first.is_alive()
+        rows = book.rows("SELECT seed, description FROM runs ORDER BY seed")
+        assert sorted((r["seed"], r["description"]) for r in rows) == sorted(
+            (seed, "score") for seed in seeds
+        )
+        # Its first experiment pairs with both runs of the head: none runs again.
+        assert second.score_at(BASELINE, seeds[0]) == pytest.approx(1.5 + 0.0004 * (seeds[0] % 3))
+        assert len(landscape.ran) == 2
+
+
+def test_a_worker_waits_for_the_run_another_worker_of_its_node_has_in_flight(alice, tmp_path):
+    crew = Crew()
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        seed = researcher(book, alice, tmp_path, Scripted(), None).seeds()[1]
+    landscape = Gated(NARROW, seed)
+    scores: list = []
+    workers: list[Researcher] = []
+
+    def score(worker: Researcher) -> None:
+        workers.append(worker)
+        scores.append(worker.score_at(NARROW, seed))
+
+    first = _worker_thread(tmp_path, alice, "gpu0", landscape, crew, score)
+    assert landscape.entered.wait(30)
+    second = _worker_thread(tmp_path, alice, "gpu1", landscape, crew, score)
+    deadline = time.monotonic() + 30
+    while len(workers) < 2 or not workers[1].doing.startswith("pair: waiting for another worker"):
+        assert time.monotonic() < deadline and second.is_alive()
+        time.sleep(0.01)
+    assert crew.has("run", sha(NARROW), str(seed)) and not scores
+    landscape.gate.set()
+    for thread in (first, second):
+        thread.join(30)
+        assert not thread.is_alive()
+    assert scores == [pytest.approx(1.5 + 0.0004 * (seed % 3) - 0.05)] * 2
+    assert landscape.ran == [(NARROW, seed)]  # one run, not one per worker
+    assert not crew.has("run", sha(NARROW), str(seed))
 
 
 def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, tmp_path):

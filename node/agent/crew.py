@@ -1,6 +1,6 @@
-"""What the research workers of one node share (one worker per GPU, each in its own thread): the
-experiments in hand, so that no two of them run the same one at once, and the node's own kept
-versions, so that they build on one lineage instead of one each.
+"""What the research workers of one node share (two workers per GPU, each in its own thread): the
+experiments and runs in hand, so that no two of them run the same one at once, and the node's own
+kept versions, so that they build on one lineage instead of one each.
 
 A node's own keeps need no quorum among its workers: they are the node's own measurements on
 identical devices. What the swarm adopts still needs peers other than the node.
@@ -18,13 +18,14 @@ class Crew:
     """Thread-safe; a node with one worker has a crew of one, and nothing changes for it."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._in_hand: dict[tuple[str, ...], str] = {}  # key -> what it is, in a line
         self._kept: dict[str, Head] = {}  # sha256 -> the version as its worker scored it
 
     def take(self, *key: str, what: str = "") -> bool:
         """Take an experiment in hand (a verification: ("verify", result id); a change: ("try",
-        parent, diff hash)); False when another worker has it in hand now."""
+        parent, diff hash); a run of a version: ("run", sha256, seed)); False when another worker
+        has it in hand now."""
         with self._lock:
             if key in self._in_hand:
                 return False
@@ -35,6 +36,17 @@ class Crew:
         """The experiment is over: its result, if any, is in the ledger."""
         with self._lock:
             self._in_hand.pop(key, None)
+            self._lock.notify_all()
+
+    def has(self, *key: str) -> bool:
+        """Whether a worker has `key` in hand now."""
+        with self._lock:
+            return key in self._in_hand
+
+    def wait(self, *key: str) -> None:
+        """Until no worker has `key` in hand (`drop` always follows `take`, a stop too)."""
+        with self._lock:
+            self._lock.wait_for(lambda: key not in self._in_hand)
 
     def in_hand(self, kind: str) -> set[str]:
         """What the workers have in hand now of one kind: result ids for "verify"."""

@@ -16,6 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Literal
 
 from node import committees, consensus, evidence, wire
 from node.agent import adoption
@@ -44,8 +45,8 @@ RUN_PHASES = {"started": "starting", "train_start": "training", "eval_start": "s
 
 class Researcher:
     """One research worker on one profile. `verify_every`: every n-th step verifies a peer's
-    claim when one is open (0: never). `crew`: what the node's other workers (one per GPU)
-    share with this one."""
+    claim when one is open (0: never). `crew`: what the node's other workers share with this
+    one. `say`: a line for the person running the node each time what it does changes."""
 
     def __init__(
         self, ledger: Ledger, me: Identity, proposer: Proposer, profile: Profile,
@@ -55,11 +56,13 @@ class Researcher:
         run: Callable[..., RunResult] = run_experiment, status_path: Path | None = None,
         trusted: Callable[[str], bool] | None = None, trust: Collection[str] = (),
         compile_cache: CompileCache | None = None, crew: Crew | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
         self.ledger, self.me, self.profile, self.data = ledger, me, profile, data
         self.work_dir, self.quorum, self.program = Path(work_dir), quorum, program
         self.verify_every = verify_every
         self.check, self.publish, self.run, self.status_path = check, publish, run, status_path
+        self.say = say
         # Whose code this node may run: everyone (None) in a sandbox; without one, only its own
         # and that of the peers its user trusts by key.
         self.trusted = (
@@ -111,18 +114,40 @@ class Researcher:
             for k in range(count)
         ]
 
-    def score_at(self, source: str, seed: int, why: str = "pair") -> float | None:
+    def score_at(
+        self, source: str, seed: int, why: str = "pair", wait: bool = True
+    ) -> float | None | Literal[False]:
         """This node's score of `source` on `seed`: from its runs when it has one (a run is a
-        function of its seed, within the profile's replay tolerance), else measured now. None
-        when it crashed or its harness voided it."""
+        function of its seed, within the profile's replay tolerance), else measured now, or,
+        when another worker of the node is measuring it now, that worker's run once it ends
+        (with `wait` False: False at once). None when it crashed or its harness voided it."""
         version = self.ledger.add_version(source.encode())
-        rows = self.ledger.rows(  # any run of the version on the seed: a verification's too
-            "SELECT val_bpb, outcome FROM runs WHERE child = ? AND seed = ? "
+        key = ("run", version, str(seed))
+        while (scored := self._scored(version, seed)) is False:
+            if self.crew.take(*key, what=f"{why} of {version[:8]} on seed {seed}"):
+                try:  # the other worker may have recorded it just before letting go
+                    scored = self._scored(version, seed)
+                    return self._score_run(source, seed, why) if scored is False else scored
+                finally:
+                    self.crew.drop(*key)
+            if not wait:
+                return False
+            self._set(f"{why}: waiting for another worker's run of {version[:8]} on seed {seed}")
+            self.crew.wait(*key)
+        return scored
+
+    def _scored(self, version: str, seed: int) -> float | None | Literal[False]:
+        """The val_bpb of this node's last run of `version` on `seed` (a verification's too;
+        None when it crashed or was voided), False when it has none."""
+        rows = self.ledger.rows(
+            "SELECT val_bpb FROM runs WHERE child = ? AND seed = ? "
             "AND profile = ? AND harness = ? ORDER BY id DESC LIMIT 1",
             (version, seed, self.profile.name, self.harness),
         )
-        if rows:
-            return rows[0]["val_bpb"]
+        return rows[0]["val_bpb"] if rows else False
+
+    def _score_run(self, source: str, seed: int, why: str) -> float | None:
+        version = hashlib.sha256(source.encode()).hexdigest()
         self._set(f"{why}: run {version[:8]} on seed {seed}", self.change)
         run_dir = self.work_dir / f"{why}-{version[:12]}-s{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -139,10 +164,20 @@ class Researcher:
         return result.val_bpb if result.outcome == "ok" else None
 
     def score(self, source: str) -> float:
-        """This node's own score of `source`: the mean of its runs, measured now (on its first
-        seed, which its first child pairs with) if it has none."""
+        """This node's own score of `source`: the mean of its runs, measured now if it has none,
+        on its first seed (which its first child pairs with) or, while another worker of the node
+        measures that, on the next: workers that start together measure the head on both seeds
+        at once (the node's first experiments pair with both), not one of them twice."""
         version = self.ledger.add_version(source.encode())
-        scores = self.own_scores(version) or [self.score_at(source, self.seeds()[0], "score")]
+        scores: list[float | None] = list(self.own_scores(version))
+        if not scores:
+            seeds = self.seeds()
+            for seed in seeds:
+                if (scored := self.score_at(source, seed, "score", wait=False)) is not False:
+                    break
+            else:
+                scored = self.score_at(source, seeds[0], "score")
+            scores = [scored]
         if scores[0] is None:
             raise AgentError(
                 f"train.py {version[:12]} crashed or was voided on this node: it cannot build on it"
@@ -554,7 +589,11 @@ class Researcher:
         if step.outcome == "void":  # the harness refused to score it: say why, as for a person
             self._set(f"void: {step.description}: {step.reason}"[:200])
         else:
-            self._set(f"{step.outcome}: {step.description or step.reason}"[:200])
+            gains = [head - child for _, child, head in step.pairs]
+            gain = (
+                f" (gain {statistics.fmean(gains):+.4f} over {len(gains)} seed(s))" if gains else ""
+            )
+            self._set(f"{step.outcome}: {step.description or step.reason}"[:200] + gain)
         if step.outcome == "refused" and self.verify_every:
             return self._verify_one() or step
         return step
@@ -761,6 +800,8 @@ class Researcher:
         }  # fmt: skip
 
     def _set(self, doing: str, change: str | None = None) -> None:
+        if self.say is not None and (doing, change) != (self.doing, self.change):
+            self.say(doing + (f": {change}" if change and change not in doing else ""))
         self.doing, self.change, self.phase, self.progress = doing, change, None, None
         self._write_status()
 
@@ -770,6 +811,8 @@ class Researcher:
         if kind == "trying":  # loop.research_step: the proposal, before its run
             self.doing = f"research, seed {event.get('seed')} of 2"
             self.change = str(event.get("description") or "")
+            if self.say is not None:
+                self.say(f"{self.doing}: {self.change}")
         elif kind in RUN_PHASES:
             self.phase, self.progress = RUN_PHASES[kind], None
         elif kind == "progress" and isinstance(event.get("progress"), (int, float)):
