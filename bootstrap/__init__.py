@@ -1,20 +1,10 @@
-"""The bootstrap peer: a long-lived node with a stable identity that newcomers dial first.
+"""The bootstrap: a long-lived peer with a stable key that newcomers dial first, and what
+deploying one takes. It trains nothing; any node can play this part.
 
-It runs no training. It relays gossip (when given a campaign), answers sync and peer exchange,
-and prints the full multiaddr others pass to `--bootstrap`. Any node can play this part.
+    service.py                 the service: serve a campaign's file and facts, relay, sync
+    cli.py                     `swarm bootstrap`, registered on the node's command line through
+                               the package's entry point (the node never imports this package)
+    README.md                  running a public bootstrap: ports, key, address, upgrades
+    swarm-bootstrap.service    a systemd unit
+    Containerfile              a container recipe
 """
-
-from __future__ import annotations
-
-import threading
-from pathlib import Path
-
-from node.gossip import GossipConfig, run_peer
-
-
-def run_bootstrap(
-    listen: str, home: Path, campaign: str | None = None, stop: threading.Event | None = None
-) -> None:
-    """Run the bootstrap peer until `stop` is set; its key lives in HOME, so its address is
-    stable."""
-    run_peer(GossipConfig(home=home, listen=listen, campaign=campaign), stop=stop)

@@ -129,6 +129,7 @@ def test_join_says_at_once_that_the_bootstrap_cannot_be_reached_and_when_it_conn
         boot = Process("bootstrap", "--listen", f"/ip4/127.0.0.1/tcp/{port}", "--campaign",
                        "cli-test", "--home", str(boot_home), env=env)  # fmt: skip
         boot.wait_for(re.escape(address), 60)  # it listens: the node's next dial finds it
+        assert address in (boot_home / "address").read_text().split()  # for whoever hands it out
         node.wait_for(re.escape(f"connected to the bootstrap {address}"), 45)  # not a minute late
     finally:
         assert node.stop() == 0

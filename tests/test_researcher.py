@@ -669,7 +669,9 @@ def test_a_worker_waits_for_the_run_another_worker_of_its_node_has_in_flight(ali
     assert landscape.entered.wait(30)
     second = _worker_thread(tmp_path, alice, "gpu1", landscape, crew, score)
     deadline = time.monotonic() + 30
-    while len(workers) < 2 or not workers[1].doing.startswith("pair: waiting for another worker"):
+    while len(workers) < 2 or not workers[1].now.doing.startswith(
+        "pair: waiting for another worker"
+    ):
         assert time.monotonic() < deadline and second.is_alive()
         time.sleep(0.01)
     assert crew.has("run", sha(NARROW), str(seed)) and not scores

@@ -66,6 +66,12 @@ class Step:
     fact: wire.Fact | None = None
     pairs: tuple[tuple[int, float, float], ...] = ()  # (seed, child, head) of each paired run
 
+    def summary(self) -> str:
+        """One line for a person: the outcome, the change and its mean paired gain."""
+        pairs = self.pairs
+        gain = f" (gain {_gain(pairs):+.4f} over {len(pairs)} seed(s))" if pairs else ""
+        return f"{self.outcome}: {self.description or self.reason}"[:200] + gain
+
 
 def record_run(
     ledger: Ledger, result: RunResult, *, parent: str, child: str, outcome: str,

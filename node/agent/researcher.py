@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import statistics
 import time
 from collections.abc import Callable, Collection
@@ -21,6 +20,7 @@ from typing import Literal
 from node import committees, consensus, evidence, wire
 from node.agent import adoption
 from node.agent.crew import Crew
+from node.agent.doing import Doing
 from node.agent.errors import AgentError, PatchError
 from node.agent.loop import Check, Head, Step, policy_check, record_run, research_step
 from node.agent.patch import check_source, merge
@@ -39,8 +39,6 @@ ACTIVE_MS = 3_600_000  # a peer that published in the last hour is active: it ma
 # Until its noise estimate has this many degrees of freedom, a node runs every experiment on
 # two seeds: each such pair is one more degree of freedom (afterwards only apparent wins are).
 CALIBRATION_DF = 4
-# A run's events that start a phase, and the phase, for `swarm status`.
-RUN_PHASES = {"started": "starting", "train_start": "training", "eval_start": "scoring"}
 
 
 class Researcher:
@@ -61,8 +59,7 @@ class Researcher:
         self.ledger, self.me, self.profile, self.data = ledger, me, profile, data
         self.work_dir, self.quorum, self.program = Path(work_dir), quorum, program
         self.verify_every = verify_every
-        self.check, self.publish, self.run, self.status_path = check, publish, run, status_path
-        self.say = say
+        self.check, self.publish, self.run = check, publish, run
         # Whose code this node may run: everyone (None) in a sandbox; without one, only its own
         # and that of the peers its user trusts by key.
         self.trusted = (
@@ -84,10 +81,7 @@ class Researcher:
         self.adopted: str | None = None  # the last consensus head this node adopted
         self.rescored: Verified | None = None  # the look at the adopted head's claim, if any
         self.steps = 0
-        self.doing = "starting"
-        self.change: str | None = None  # the one-line description of the change in hand
-        self.phase: str | None = None  # of the run in flight: starting, training or scoring
-        self.progress: float | None = None
+        self.now = Doing(status_path, say, self.status)  # what it is doing, for its person
         self.pending: int | None = None  # open claims of other peers this node could verify
 
     # ------------------------------------------------------------ own measurements
@@ -132,13 +126,12 @@ class Researcher:
                     self.crew.drop(*key)
             if not wait:
                 return False
-            self._set(f"{why}: waiting for another worker's run of {version[:8]} on seed {seed}")
+            self.now.set(f"{why}: waiting for another worker's run of {version[:8]} on seed {seed}")
             self.crew.wait(*key)
         return scored
 
     def _scored(self, version: str, seed: int) -> float | None | Literal[False]:
-        """The val_bpb of this node's last run of `version` on `seed` (a verification's too;
-        None when it crashed or was voided), False when it has none."""
+        """The val_bpb of its last run of `version` on `seed`: None if it failed, False if none."""
         rows = self.ledger.rows(
             "SELECT val_bpb FROM runs WHERE child = ? AND seed = ? "
             "AND profile = ? AND harness = ? ORDER BY id DESC LIMIT 1",
@@ -148,19 +141,16 @@ class Researcher:
 
     def _score_run(self, source: str, seed: int, why: str) -> float | None:
         version = hashlib.sha256(source.encode()).hexdigest()
-        self._set(f"{why}: run {version[:8]} on seed {seed}", self.change)
-        run_dir = self.work_dir / f"{why}-{version[:12]}-s{seed}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        script = run_dir.with_suffix(".py")
+        self.now.set(f"{why}: run {version[:8]} on seed {seed}", self.now.change)
+        script = self.work_dir / f"{why}-{version[:12]}-s{seed}.py"
+        script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(source)
-        started = int(time.time() * 1000)
+        started, run_dir = int(time.time() * 1000), script.with_suffix("")
         result = self._run(
-            script, self.profile, self.data, run_dir, seed=seed, on_event=self._event
+            script, self.profile, self.data, run_dir, seed=seed, on_event=self.now.event
         )
-        record_run(
-            self.ledger, result, parent=version, child=version, outcome=result.outcome,
-            description=why, started=started,
-        )  # fmt: skip
+        record_run(self.ledger, result, parent=version, child=version, outcome=result.outcome,
+                   description=why, started=started)  # fmt: skip
         return result.val_bpb if result.outcome == "ok" else None
 
     def score(self, source: str) -> float:
@@ -171,13 +161,11 @@ class Researcher:
         version = self.ledger.add_version(source.encode())
         scores: list[float | None] = list(self.own_scores(version))
         if not scores:
-            seeds = self.seeds()
-            for seed in seeds:
-                if (scored := self.score_at(source, seed, "score", wait=False)) is not False:
-                    break
-            else:
-                scored = self.score_at(source, seeds[0], "score")
-            scores = [scored]
+            tries = (self.score_at(source, seed, "score", wait=False) for seed in self.seeds())
+            scored = next((s for s in tries if s is not False), False)
+            scores = [
+                self.score_at(source, self.seeds()[0], "score") if scored is False else scored
+            ]
         if scores[0] is None:
             raise AgentError(
                 f"train.py {version[:12]} crashed or was voided on this node: it cannot build on it"
@@ -225,7 +213,7 @@ class Researcher:
             seen.add(rows[0]["child"])
             self.head = Head(source.decode(), self.score(source.decode()))
             self.crew.kept(self.head)
-        self._set("ready")
+        self.now.set("ready")
 
     def best_head(self) -> str:
         """The head this node would adopt now: the campaign's best under the adoption rule,
@@ -264,7 +252,7 @@ class Researcher:
             except AgentError as exc:  # it crashes on this machine: keep building on ours
                 if self.head is None:
                     self.head = Head(self.baseline_source, self.score(self.baseline_source))
-                self._set(f"cannot adopt {best[:12]}: {exc}"[:200])
+                self.now.set(f"cannot adopt {best[:12]}: {exc}"[:200])
                 return
         # Its own keeps the new head lacks go first, rebased onto it: a win found beside the
         # one the swarm adopted adds to it instead of being lost because it came second.
@@ -325,7 +313,7 @@ class Researcher:
             self.head = Head(source, self.score(source))
         except AgentError:  # it crashes here: stay on the adopted head
             return
-        self._set(f"research ahead from {pick['child'][:12]}, a claim being verified")
+        self.now.set(f"research ahead from {pick['child'][:12]}, a claim being verified")
 
     @staticmethod
     def _favour(claim: dict, j) -> float:
@@ -575,7 +563,7 @@ class Researcher:
             verified = self._verify_one()
             if verified is not None:
                 return verified
-        self._set(f"research from {self.head.sha256[:12]}")
+        self.now.set(f"research from {self.head.sha256[:12]}")
         self._researching = True
         try:
             step = self._research(self.head)
@@ -587,13 +575,9 @@ class Researcher:
             self.crew.kept(step.head)
         self.head = step.head
         if step.outcome == "void":  # the harness refused to score it: say why, as for a person
-            self._set(f"void: {step.description}: {step.reason}"[:200])
+            self.now.set(f"void: {step.description}: {step.reason}"[:200])
         else:
-            gains = [head - child for _, child, head in step.pairs]
-            gain = (
-                f" (gain {statistics.fmean(gains):+.4f} over {len(gains)} seed(s))" if gains else ""
-            )
-            self._set(f"{step.outcome}: {step.description or step.reason}"[:200] + gain)
+            self.now.set(step.summary())
         if step.outcome == "refused" and self.verify_every:
             return self._verify_one() or step
         return step
@@ -606,7 +590,7 @@ class Researcher:
             self.work_dir, seeds=self.seeds(),
             parent_score=lambda seed: self.score_at(head.source, seed),
             calibrating=self.sigma_df < CALIBRATION_DF, program=self.program, check=self.check,
-            on_event=self._event, run=self._run, crew=self.crew,
+            on_event=self.now.event, run=self._run, crew=self.crew,
         )  # fmt: skip
 
     def _open_claims(self, limit: int) -> list:
@@ -723,7 +707,9 @@ class Researcher:
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
         if not self.crew.take("verify", claim["id"]):
             return None
-        self._set(f"{why} {claim['id'][:12]} by {claim['author'][-6:]}", claim.get("description"))
+        self.now.set(
+            f"{why} {claim['id'][:12]} by {claim['author'][-6:]}", claim.get("description")
+        )
         parent = self.ledger.version(claim["parent"])
         looks = self.ledger.rows(
             "SELECT COUNT(*) AS n FROM verifications WHERE result = ? AND author = ?",
@@ -751,12 +737,12 @@ class Researcher:
                 replay=author_seed,
             )  # fmt: skip
         except AgentError as exc:
-            self._set(f"cannot {why} {claim['id'][:12]}: {exc}"[:200])
+            self.now.set(f"cannot {why} {claim['id'][:12]}: {exc}"[:200])
             return None
         finally:
             self.crew.drop("verify", claim["id"])
         self.publish(verified.fact)
-        self._set(f"{why}: {verified.verdict}: {claim['id'][:12]} by {claim['author'][-6:]}")
+        self.now.set(f"{why}: {verified.verdict}: {claim['id'][:12]} by {claim['author'][-6:]}")
         return verified
 
     # ------------------------------------------------------------ runs
@@ -789,8 +775,7 @@ class Researcher:
         """What this worker is doing now, for `swarm status`."""
         usage = getattr(self.proposer.inner, "usage", None)  # a model's tokens and dollars
         return {
-            "doing": self.doing, "change": self.change, "phase": self.phase,
-            "progress": self.progress, "profile": self.profile.name, "harness": self.harness,
+            **self.now.fields(), "profile": self.profile.name, "harness": self.harness,
             "head": self.head.sha256 if self.head else None,
             "head_val_bpb": self.head.val_bpb if self.head else None,
             "adopted": self.adopted, "margin": self.margin, "sigma": self.sigma,
@@ -798,33 +783,3 @@ class Researcher:
             "pending_verifications": self.pending,
             "model_usage": vars(usage) if usage is not None else None,
         }  # fmt: skip
-
-    def _set(self, doing: str, change: str | None = None) -> None:
-        if self.say is not None and (doing, change) != (self.doing, self.change):
-            self.say(doing + (f": {change}" if change and change not in doing else ""))
-        self.doing, self.change, self.phase, self.progress = doing, change, None, None
-        self._write_status()
-
-    def _event(self, event: dict) -> None:
-        """A run's events: its phase and progress, and the change a research step tries."""
-        kind = event.get("event")
-        if kind == "trying":  # loop.research_step: the proposal, before its run
-            self.doing = f"research, seed {event.get('seed')} of 2"
-            self.change = str(event.get("description") or "")
-            if self.say is not None:
-                self.say(f"{self.doing}: {self.change}")
-        elif kind in RUN_PHASES:
-            self.phase, self.progress = RUN_PHASES[kind], None
-        elif kind == "progress" and isinstance(event.get("progress"), (int, float)):
-            self.phase, self.progress = "training", float(event["progress"])
-        else:
-            return
-        self._write_status()
-
-    def _write_status(self) -> None:
-        if self.status_path is None:
-            return
-        self.status_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.status_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.status()))
-        tmp.replace(self.status_path)

@@ -2,10 +2,13 @@
 
     shared.py    options, consoles and helpers every command uses
     run.py       swarm data build, swarm run, swarm report
-    nodes.py     swarm bootstrap, swarm peer, swarm join, swarm local: commands that start nodes
+    nodes.py     swarm peer, swarm join, swarm local: commands that start nodes
     status.py    swarm status, swarm peers: what a running node is doing
     campaign.py  swarm campaign new|invite|show
     ledger.py    swarm keys ..., swarm ledger ...: the identity and the local ledger
+
+`swarm bootstrap` is the bootstrap package's: packages built on the node add commands through the
+entry points of group `research_swarm.commands` (pyproject.toml), so the node never imports them.
 
 Commands stay thin: they parse arguments, call into the node's rooms and render what comes back.
 A user's mistake ends in a one-line error and exit code 1, never a traceback.
@@ -14,6 +17,7 @@ A user's mistake ends in a one-line error and exit code 1, never a traceback.
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 
 import typer
 
@@ -35,6 +39,9 @@ app = typer.Typer(
 # Each module registers its commands on `app` as it is imported (`--help` lists them in this order,
 # groups of commands after the commands).
 from node.cli import ledger, run, nodes, status, campaign  # noqa: E402, F401, I001
+
+for _command in entry_points(group="research_swarm.commands"):
+    app.command(_command.name)(_command.load())
 
 
 def main() -> None:

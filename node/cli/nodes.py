@@ -1,4 +1,5 @@
-"""The commands that start nodes: `swarm bootstrap`, `swarm peer`, `swarm join` and `swarm local`."""
+"""The commands that start nodes: `swarm peer`, `swarm join` and `swarm local` (`swarm bootstrap`
+is the bootstrap package's)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from node.cli.shared import (
     DataOption,
     HomeOption,
     JsonOption,
+    ListenOption,
     ProfileOption,
     bootstrap_addrs,
     console,
@@ -21,6 +23,7 @@ from node.cli.shared import (
     gpus_option,
     prepare,
     status_line,
+    stop_on_signal,
 )
 from node.errors import SwarmError
 
@@ -30,51 +33,6 @@ BootstrapOption = Annotated[
         "--bootstrap", help="Full multiaddr of any peer already in the swarm (repeatable)."
     ),
 ]
-ListenOption = Annotated[
-    str,
-    typer.Option(
-        "--listen",
-        help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (tcp/0: any free port).",
-    ),
-]
-
-
-@app.command("bootstrap")
-def bootstrap_cmd(
-    listen: ListenOption = "/ip4/0.0.0.0/tcp/4001",
-    campaign: Annotated[
-        str | None,
-        typer.Option(
-            "--campaign",
-            help="Also relay and store this campaign's facts: its name, or its campaign file, which the bootstrap then serves to newcomers.",
-        ),
-    ] = None,
-    home: HomeOption = None,
-) -> None:
-    """Run a bootstrap peer: a stable address that newcomers dial first. It trains nothing.
-
-    Prints its full multiaddr (with /p2p/<peer id>); pass that to `swarm peer --bootstrap`.
-
-    Example: swarm bootstrap --listen /ip4/0.0.0.0/tcp/4001 --home ~/.swarm-bootstrap
-    """
-    from bootstrap import run_bootstrap
-    from node.home import resolve_home
-
-    home_dir = resolve_home(home)
-    spec = campaign_or_name(campaign) if campaign else None
-    if spec is not None and not isinstance(spec, str):
-        from node.ledger import Ledger, ledger_path
-
-        with Ledger(ledger_path(home_dir), campaign=spec.name) as ledger:
-            ledger.set_terms(spec.terms)  # its standing judges by the file's quorum and members
-            ledger.ingest(spec.fact.raw)
-            ledger.add_version(spec.to_bytes())  # served by hash, like a train.py
-        status_line(
-            f"serving campaign {spec.name}: newcomers run swarm join --bootstrap <address below> "
-            f"--campaign sha256:{spec.sha256}"
-        )
-        campaign = spec.name
-    run_bootstrap(listen, home_dir, campaign, stop=_stop_on_signal())
 
 
 @app.command("peer")
@@ -119,19 +77,8 @@ def peer_cmd(
             publish_count=publish_count,
         ),
         say=status_line,
-        stop=_stop_on_signal(),
+        stop=stop_on_signal(),
     )
-
-
-def _stop_on_signal():
-    """An event that Ctrl-C or SIGTERM sets, so that a peer stops cleanly (exit code 0)."""
-    import signal
-    import threading
-
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    return stop
 
 
 @app.command("join")

@@ -106,3 +106,23 @@ def ago(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s ago"
     return f"{seconds / 60:.0f} min ago" if seconds < 7200 else f"{seconds / 3600:.1f} h ago"
+
+
+ListenOption = Annotated[
+    str,
+    typer.Option(
+        "--listen",
+        help="Multiaddr to listen on, e.g. /ip4/0.0.0.0/tcp/4001 (tcp/0: any free port).",
+    ),
+]
+
+
+def stop_on_signal():
+    """An event that Ctrl-C or SIGTERM sets, so that a peer stops cleanly (exit code 0)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop

@@ -169,7 +169,7 @@ class Simulation:
 
     def count_run(self, node: SimNode, text: str) -> None:
         self.runs += 1
-        doing = node.researcher.doing
+        doing = node.researcher.now.doing
         purpose = next((p for prefix, p in (("verify", "verify"), ("re-score", "adopt"), ("look ahead", "adopt"),
                                             ("audit", "audit")) if doing.startswith(prefix)),
                        "research")  # fmt: skip
