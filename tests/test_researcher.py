@@ -31,7 +31,7 @@ from node.consensus import verified_children
 from node.identity import Identity
 from node.ledger import Ledger
 from node.ledger_queries import LOOK_COLUMNS
-from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile, harness_sha256
+from node.trainer import BASELINE_TRAIN_PY, RunCancelled, RunResult, get_profile, harness_sha256
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
 NARROW = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 3 ")
@@ -682,6 +682,49 @@ def test_a_worker_waits_for_the_run_another_worker_of_its_node_has_in_flight(ali
     assert scores == [pytest.approx(1.5 + 0.0004 * (seed % 3) - 0.05)] * 2
     assert landscape.ran == [(NARROW, seed)]  # one run, not one per worker
     assert not crew.has("run", sha(NARROW), str(seed))
+
+
+class Stopped(Landscape):
+    """Landscape that writes each run's result.json in its folder, as the runner does, and
+    stops the node (RunCancelled, as Ctrl-C does) at the run of `source` on `seed`."""
+
+    def __init__(self, source: str | None = None, seed: int | None = None) -> None:
+        super().__init__()
+        self.stop_at = (source, seed)
+
+    def __call__(self, script, profile, data, run_dir, seed=0, on_event=lambda _: None):
+        if (script.read_text(), seed) == self.stop_at:
+            raise RunCancelled("stopped")
+        result = super().__call__(script, profile, data, run_dir, seed=seed, on_event=on_event)
+        result = dataclasses.replace(result, run_dir=str(run_dir))
+        (run_dir / "result.json").write_text(json.dumps(result.as_dict()))
+        return result
+
+
+def test_a_node_stopped_inside_an_experiment_keeps_its_runs_and_resumes_it(book, alice, tmp_path):
+    """On an H200 a stop between a step's runs left its finished 285 s run out of the ledger,
+    and a restart would have run it again."""
+    first = researcher(book, alice, tmp_path, Scripted(NARROW), Stopped())
+    seeds = first.seeds()
+    first.run = Stopped(BASELINE, seeds[1])  # stopped at the head's run on the second seed
+    first.start()
+    with pytest.raises(RunCancelled):
+        first.step()
+    assert book.rows("SELECT child, seed, fact_id FROM runs WHERE child != parent") == [
+        {"child": sha(NARROW), "seed": seeds[0], "fact_id": None}
+    ]  # the run is there at once: `swarm ledger` shows it
+    assert not book.rows("SELECT id FROM results")
+
+    landscape = Stopped()
+    again = researcher(book, alice, tmp_path, Scripted(), landscape)  # it proposes nothing
+    step = again.step()
+    assert step.outcome == "keep" and step.description == "try 1"  # the change it had in hand
+    assert landscape.runs == [BASELINE, NARROW]  # only what was missing, on the second seed
+    fact = again.published[-1]
+    assert fact.body["seeds"] == seeds
+    rows = book.rows("SELECT seed, outcome, fact_id FROM runs WHERE child = ?", (sha(NARROW),))
+    assert sorted(r["seed"] for r in rows) == sorted(seeds)
+    assert {(r["outcome"], r["fact_id"]) for r in rows} == {("keep", fact.id)}
 
 
 def test_two_workers_of_a_node_never_verify_one_claim_at_once(book, alice, bob, tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -25,12 +26,15 @@ from node.agent.patch import apply_diff, check_source, diff_hash, make_diff, nor
 from node.agent.proposers import Proposal, Proposer, context_from_ledger
 from node.identity import Identity
 from node.ledger import Ledger
-from node.trainer import Profile, RunResult, TokenData, policy, run_experiment
+from node.trainer import Profile, RunResult, TokenData, harness_sha256, policy, run_experiment
 
 if TYPE_CHECKING:
     from node.agent.crew import Crew
 
 Check = Callable[[str], None]  # raises AgentError (or a subclass) when a train.py may not run
+VERIFY_RUN = "verify "  # how the description of a verification's run begins in the ledger
+# The measurement's identity, read once a process (the harness in use is the one imported).
+_harness = functools.lru_cache(maxsize=16)(harness_sha256)
 
 
 def policy_check(source: str) -> None:
@@ -77,11 +81,11 @@ def record_run(
     ledger: Ledger, result: RunResult, *, parent: str, child: str, outcome: str,
     description: str, started: int, fact_id: str | None = None, finished: int | None = None,
     selected: bool = False,
-) -> None:  # fmt: skip
-    """One of this node's runs in its ledger, with what pairing and its speed read of it;
-    `finished` (ms) defaults to now; `selected`: it ran only because the run before it looked
-    like a win."""
-    ledger.record_run(
+) -> int:  # fmt: skip
+    """One of this node's runs in its ledger, with what pairing and its speed read of it (its
+    row's id); `finished` (ms) defaults to now; `selected`: it ran only because the run before
+    it looked like a win."""
+    return ledger.record_run(
         started=started, finished=int(time.time() * 1000) if finished is None else finished,
         profile=result.profile,
         parent=parent, child=child, outcome=outcome,
@@ -119,7 +123,7 @@ def research_step(
     if crew is not None:  # what the node's other workers are running now
         context = dataclasses.replace(context, history=crew.running(head.sha256) + context.history)
     try:
-        proposal = proposer.propose(context)
+        proposal = _unsettled(ledger, head, profile, crew) or proposer.propose(context)
         diff = normalise_diff(make_diff(head.source, proposal.source))
         # The child is the head with the canonical diff applied: trailing spaces on added lines
         # are not part of a change, so two peers' spellings of one change give one version.
@@ -143,7 +147,7 @@ def research_step(
         if parents[seeds[0]] is None:
             return Step("refused", head, reason=f"the head does not score on seed {seeds[0]} here")
         pairs: list[tuple[int, float, float]] = []
-        runs: list[tuple[RunResult, int, int]] = []  # (run, started, finished), ms
+        runs: list[tuple[RunResult, int]] = []  # (run, its row in the ledger)
         for seed in seeds[:2]:
             if pairs and not (calibrating or _gain(pairs) > margin(1)):
                 break
@@ -153,16 +157,24 @@ def research_step(
                 parents[seed] = parent_score(seed)
                 if parents[seed] is None:
                     break
-            started = int(time.time() * 1000)
-            run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}-s{seed}"
-            run_dir.mkdir(parents=True, exist_ok=True)
-            script = run_dir.with_suffix(".py")
-            script.write_text(proposal.source)
             on_event(
                 {"event": "trying", "description": proposal.description, "seed": len(pairs) + 1}
             )
-            result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
-            runs.append((result, started, int(time.time() * 1000)))
+            ran = _run_before(ledger, head.sha256, child, seed, profile)
+            if ran is None:  # recorded as it ends: a stop or a crash of the node loses no run
+                started = int(time.time() * 1000)
+                run_dir = Path(work_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{child[:12]}-s{seed}"
+                run_dir.mkdir(parents=True, exist_ok=True)
+                script = run_dir.with_suffix(".py")
+                script.write_text(proposal.source)
+                result = run(script, profile, data, run_dir, seed=seed, on_event=on_event)
+                ran = result, record_run(
+                    ledger, result, parent=head.sha256, child=child, outcome=result.outcome,
+                    description=proposal.description, started=started,
+                    selected=bool(runs) and not calibrating,
+                )  # fmt: skip
+            runs.append(ran)
+            result = ran[0]
             if result.outcome != "ok" or result.val_bpb is None:
                 break
             pairs.append((seed, result.val_bpb, parents[seed]))
@@ -180,12 +192,7 @@ def research_step(
             description=proposal.description, keep=outcome == "keep", pairs=pairs,
         )  # fmt: skip
         fact = ledger.publish(me, "result", body)
-        for k, (result, started, finished) in enumerate(runs):
-            record_run(
-                ledger, result, parent=head.sha256, child=child, outcome=outcome,
-                description=proposal.description, started=started, finished=finished,
-                fact_id=fact.id, selected=k > 0 and not calibrating,
-            )  # fmt: skip
+        ledger.settle_runs([row for _, row in runs], outcome, fact.id)
     finally:
         if crew is not None:
             crew.drop(*key)
@@ -194,6 +201,46 @@ def research_step(
     return Step(
         outcome, new_head, proposal.description, reported.error or "", first, fact, tuple(pairs)
     )
+
+
+def _unsettled(ledger: Ledger, head: Head, profile: Profile, crew: Crew | None) -> Proposal | None:
+    """The experiment on `head` this node began and never finished (it stopped between the
+    runs of one step), unless another worker of the node has it in hand: resumed first, its
+    runs so far reused (`_run_before`)."""
+    for row in ledger.rows(
+        "SELECT child, description FROM runs WHERE parent = ? AND child != parent AND profile = ? "
+        "AND harness = ? AND fact_id IS NULL AND description NOT LIKE ? ORDER BY id DESC",
+        (head.sha256, profile.name, _harness(profile), VERIFY_RUN + "%"),
+    ):
+        version = ledger.version(row["child"])
+        if version is None:
+            continue
+        try:  # a version this release's policy refuses is left alone
+            check_source(version.decode())
+        except AgentError:
+            continue
+        diff = diff_hash(normalise_diff(make_diff(head.source, version.decode())))
+        if crew is None or not crew.has("try", head.sha256, diff):
+            return Proposal(row["description"], version.decode())
+    return None
+
+
+def _run_before(
+    ledger: Ledger, head: str, child: str, seed: int, profile: Profile
+) -> tuple[RunResult, int] | None:
+    """This node's run of `child` on `seed` for an experiment on `head` it never finished, and
+    its row: the runner's own record of it (result.json), else None."""
+    for row in ledger.rows(
+        "SELECT id, log_path FROM runs WHERE parent = ? AND child = ? AND seed = ? AND profile = ? "
+        "AND harness = ? AND fact_id IS NULL AND description NOT LIKE ? ORDER BY id DESC",
+        (head, child, seed, profile.name, _harness(profile), VERIFY_RUN + "%"),
+    ):
+        try:
+            saved = json.loads((Path(row["log_path"]).parent / "result.json").read_text())
+            return RunResult(**saved), row["id"]
+        except (OSError, TypeError, ValueError):
+            continue
+    return None
 
 
 def _gain(pairs: Sequence[tuple[int, float, float]]) -> float:

@@ -142,10 +142,10 @@ class Researcher:
     def _score_run(self, source: str, seed: int, why: str) -> float | None:
         version = hashlib.sha256(source.encode()).hexdigest()
         self.now.set(f"{why}: run {version[:8]} on seed {seed}", self.now.change)
-        script = self.work_dir / f"{why}-{version[:12]}-s{seed}.py"
-        script.parent.mkdir(parents=True, exist_ok=True)
+        run_dir = self.work_dir / f"{why}-{version[:12]}-s{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        script, started = run_dir.with_suffix(".py"), int(time.time() * 1000)
         script.write_text(source)
-        started, run_dir = int(time.time() * 1000), script.with_suffix("")
         result = self._run(
             script, self.profile, self.data, run_dir, seed=seed, on_event=self.now.event
         )

@@ -20,7 +20,7 @@ from typing import Any
 
 from node import committees, consensus, evidence, wire
 from node.agent.errors import AgentError
-from node.agent.loop import Check, policy_check, record_run
+from node.agent.loop import VERIFY_RUN, Check, policy_check, record_run
 from node.evidence import Judgement
 from node.identity import Identity
 from node.ledger import Ledger
@@ -33,7 +33,6 @@ Run = Callable[..., RunResult]
 
 
 MAX_WAITING_PER_AUTHOR = 16  # open claims of one author considered at once; the rest wait
-VERIFY_RUN = "verify "  # how the description of a verification's run begins in the ledger
 WANTING = frozenset({"open", consensus.HELD})  # the states more looks can move
 
 
