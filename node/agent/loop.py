@@ -203,25 +203,32 @@ def research_step(
     )
 
 
+def _unsettled_runs(ledger: Ledger, head: str, profile: Profile, where: str = "", args=()):
+    """This node's research runs on `head` of experiments it never published (it stopped between
+    the runs of one step), the latest first; `where`, `args`: more conditions."""
+    return ledger.rows(
+        "SELECT id, child, description, log_path FROM runs WHERE parent = ? AND child != parent "
+        "AND profile = ? AND harness = ? AND fact_id IS NULL AND description NOT LIKE ?"
+        f"{where} ORDER BY id DESC",
+        (head, profile.name, _harness(profile), VERIFY_RUN + "%", *args),
+    )
+
+
 def _unsettled(ledger: Ledger, head: Head, profile: Profile, crew: Crew | None) -> Proposal | None:
-    """The experiment on `head` this node began and never finished (it stopped between the
-    runs of one step), unless another worker of the node has it in hand: resumed first, its
-    runs so far reused (`_run_before`)."""
-    for row in ledger.rows(
-        "SELECT child, description FROM runs WHERE parent = ? AND child != parent AND profile = ? "
-        "AND harness = ? AND fact_id IS NULL AND description NOT LIKE ? ORDER BY id DESC",
-        (head.sha256, profile.name, _harness(profile), VERIFY_RUN + "%"),
-    ):
+    """The experiment on `head` this node began and never finished, unless another worker of
+    the node has it in hand: resumed first, its runs so far reused (`_run_before`)."""
+    for row in _unsettled_runs(ledger, head.sha256, profile):
         version = ledger.version(row["child"])
         if version is None:
             continue
+        source = version.decode()
         try:  # a version this release's policy refuses is left alone
-            check_source(version.decode())
+            check_source(source)
         except AgentError:
             continue
-        diff = diff_hash(normalise_diff(make_diff(head.source, version.decode())))
+        diff = diff_hash(normalise_diff(make_diff(head.source, source)))
         if crew is None or not crew.has("try", head.sha256, diff):
-            return Proposal(row["description"], version.decode())
+            return Proposal(row["description"], source)
     return None
 
 
@@ -230,11 +237,7 @@ def _run_before(
 ) -> tuple[RunResult, int] | None:
     """This node's run of `child` on `seed` for an experiment on `head` it never finished, and
     its row: the runner's own record of it (result.json), else None."""
-    for row in ledger.rows(
-        "SELECT id, log_path FROM runs WHERE parent = ? AND child = ? AND seed = ? AND profile = ? "
-        "AND harness = ? AND fact_id IS NULL AND description NOT LIKE ? ORDER BY id DESC",
-        (head, child, seed, profile.name, _harness(profile), VERIFY_RUN + "%"),
-    ):
+    for row in _unsettled_runs(ledger, head, profile, " AND child = ? AND seed = ?", (child, seed)):
         try:
             saved = json.loads((Path(row["log_path"]).parent / "result.json").read_text())
             return RunResult(**saved), row["id"]

@@ -120,8 +120,9 @@ class Researcher:
         while (scored := self._scored(version, seed)) is False:
             if self.crew.take(*key, what=f"{why} of {version[:8]} on seed {seed}"):
                 try:  # the other worker may have recorded it just before letting go
-                    scored = self._scored(version, seed)
-                    return self._score_run(source, seed, why) if scored is False else scored
+                    if (scored := self._scored(version, seed)) is False:
+                        scored = self._score_run(source, version, seed, why)
+                    return scored
                 finally:
                     self.crew.drop(*key)
             if not wait:
@@ -139,8 +140,7 @@ class Researcher:
         )
         return rows[0]["val_bpb"] if rows else False
 
-    def _score_run(self, source: str, seed: int, why: str) -> float | None:
-        version = hashlib.sha256(source.encode()).hexdigest()
+    def _score_run(self, source: str, version: str, seed: int, why: str) -> float | None:
         self.now.set(f"{why}: run {version[:8]} on seed {seed}", self.now.change)
         run_dir = self.work_dir / f"{why}-{version[:12]}-s{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
