@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import select
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,6 +17,7 @@ from node.trainer import (
     TrainerError,
     get_profile,
     harness_sha256,
+    process,
     run_experiment,
 )
 from node.trainer.handoff import MODEL_FILE
@@ -225,3 +230,37 @@ def test_a_run_that_fails_while_it_starts_up_beside_another_runs_again_alone(tmp
     assert [e["event"] for e in events].count("started") == 2  # held, then alone
     assert result.held_seconds is None
     assert turns.starting is None and turns.training is None
+
+
+def test_what_a_process_wrote_just_before_it_ended_is_read(monkeypatch):
+    """The process writes its last event and exits while the runner's wait on the pipe runs out:
+    the event is still read (a scorer's result was once lost that way: "the scorer reported none")."""
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f'import os; os.write({write_fd}, b\'{{"event": "result"}}\\n\')'],
+        pass_fds=(write_fd,),
+    )
+    os.close(write_fd)
+    proc.wait()
+    waits, real_select = [], select.select
+
+    def select_that_ran_out_first(fds, w, x, timeout):
+        waits.append(timeout)
+        return ([], [], []) if len(waits) == 1 else real_select(fds, w, x, timeout)
+
+    monkeypatch.setattr(process.select, "select", select_that_ran_out_first)
+    limits = {"score": 10.0}
+    try:
+        seen = process.watch(
+            proc,
+            read_fd,
+            limits,
+            "score",
+            time.monotonic(),
+            frozenset({"result"}),
+            lambda e: None,
+            None,
+        )
+    finally:
+        os.close(read_fd)
+    assert "result" in seen and seen["returncode"] == 0

@@ -7,15 +7,12 @@ the harness, which prepares the data, keeps the clock and computes the score.
 from pathlib import Path
 
 from node.trainer.data import TokenData, prepare_data
+from node.trainer.device import require_device
 from node.trainer.errors import TrainerError
 from node.trainer.process import RunCancelled
 from node.trainer.profiles import PROFILES, Profile, get_profile
-from node.trainer.runner import (
-    RunResult,
-    harness_sha256,
-    require_device,
-    run_experiment,
-)
+from node.trainer.runner import RunResult, run_experiment
+from node.trainer.version import harness_sha256
 
 BASELINE_TRAIN_PY = Path(__file__).with_name("train.py")
 

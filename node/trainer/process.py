@@ -212,58 +212,63 @@ def watch(
             )
             break
         ready, _, _ = select.select([read_fd], [], [], 0.2)
-        if ready:
-            chunk = os.read(read_fd, 65536)
-            if not chunk:  # the process closed the pipe: it has ended
+        if not ready:
+            if proc.poll() is None:
+                continue
+            # It ended after the wait above began: what it wrote before it ended is in the pipe.
+            # Look once more without waiting (a child it left holding the pipe is not waited for).
+            ready, _, _ = select.select([read_fd], [], [], 0)
+            if not ready:
                 break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                try:
-                    event = json.loads(line)
-                    name = event["event"]
-                except (ValueError, KeyError, TypeError):
-                    continue
-                if name not in accepted:
-                    if name in SCORER_EVENTS:
-                        seen.setdefault(
-                            "error",
-                            f"{REFUSED}the training process sent a {name!r} "
-                            f"event of its own; only the scorer scores",
-                        )
-                    continue
-                now = time.monotonic()
-                if name == "started":
-                    seen["launch_seconds"] = now - started
-                elif name == "ready" and phase == "startup":  # compiled, waiting for its turn
-                    seen["ready_at"] = now
-                    phase, phase_start = "held", now
-                elif name == "train_start":
-                    seen["startup_seconds"] = now - started
-                    phase, phase_start = "train", now
-                elif name == "eval_start" and phase == "train":
-                    seen["train_seconds"] = now - phase_start
-                    seen["eval_started"] = now
-                    phase, phase_start = "eval", now
-                elif name == "result":
-                    seen["result_at"] = now
-                elif name == "refused":  # the scorer caught the model cheating
-                    seen.setdefault("error", f"{REFUSED}{event.get('reason', '')}")
-                elif name == "export_failed":
+        chunk = os.read(read_fd, 65536)
+        if not chunk:  # every writer closed the pipe: the process has ended
+            break
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+                name = event["event"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if name not in accepted:
+                if name in SCORER_EVENTS:
                     seen.setdefault(
                         "error",
-                        f"the model cannot be exported for scoring: {event.get('reason', '')}",
+                        f"{REFUSED}the training process sent a {name!r} "
+                        f"event of its own; only the scorer scores",
                     )
-                seen[name] = event
-                on_event(
-                    {
-                        **event,
-                        "phase": "eval" if phase == "score" else phase,
-                        "runner_elapsed": now - phase_start,
-                    }
+                continue
+            now = time.monotonic()
+            if name == "started":
+                seen["launch_seconds"] = now - started
+            elif name == "ready" and phase == "startup":  # compiled, waiting for its turn
+                seen["ready_at"] = now
+                phase, phase_start = "held", now
+            elif name == "train_start":
+                seen["startup_seconds"] = now - started
+                phase, phase_start = "train", now
+            elif name == "eval_start" and phase == "train":
+                seen["train_seconds"] = now - phase_start
+                seen["eval_started"] = now
+                phase, phase_start = "eval", now
+            elif name == "result":
+                seen["result_at"] = now
+            elif name == "refused":  # the scorer caught the model cheating
+                seen.setdefault("error", f"{REFUSED}{event.get('reason', '')}")
+            elif name == "export_failed":
+                seen.setdefault(
+                    "error",
+                    f"the model cannot be exported for scoring: {event.get('reason', '')}",
                 )
-        elif proc.poll() is not None:
-            break
+            seen[name] = event
+            on_event(
+                {
+                    **event,
+                    "phase": "eval" if phase == "score" else phase,
+                    "runner_elapsed": now - phase_start,
+                }
+            )
     seen["returncode"], seen["rss_mb"] = reap(proc)
     return seen
 

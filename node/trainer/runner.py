@@ -22,17 +22,15 @@ from pathlib import Path
 
 from node.trainer.compile_cache import IN_SANDBOX, CompileCache, environment
 from node.trainer.data import TokenData
+from node.trainer.device import peak_flops, require_device
 from node.trainer.errors import TrainerError
 from node.trainer.handoff import MODEL_FILE, Scoring
 from node.trainer.policy import check_source
 from node.trainer.process import PACKAGE, REFUSED, Event, OnEvent, Run, RunCancelled, give_back
 from node.trainer.profiles import Profile
 from node.trainer.sandbox import sandbox_available, sandbox_uid
+from node.trainer.version import harness_sha256
 
-# The harness's version: move it whenever a file that prepares data, times or scores changes
-# (tests/test_harness_version.py fails until it moves), so that results measured by another
-# harness never compare with this one's.
-HARNESS_VERSION = "2026.12.10"
 # What the training process may report; anything else on its pipe is ignored, and a score from
 # it is a forgery (only the scorer scores).
 TRAINING_EVENTS = frozenset(
@@ -52,43 +50,6 @@ TRAINING_EVENTS = frozenset(
 SETTLE_SECONDS = 5.0
 CPU_BATCH_TOKENS, CUDA_BATCH_TOKENS = 2**14, 2**17  # tokens per evaluation batch
 LOG_TAIL_LINES = 40
-# Dense bf16 matrix rate by device name, for MFU; override with SWARM_PEAK_FLOPS.
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "4090": 165e12}
-
-
-def harness_files() -> list[Path]:
-    """Every file of the harness: all of the trainer's code but the `train.py` agents edit."""
-    here = Path(__file__).parent
-    return sorted(p for p in here.glob("*.py") if p.name != "train.py")
-
-
-def harness_files_sha256() -> str:
-    """Hash of the harness's files, by name and content."""
-    digest = hashlib.sha256()
-    for path in harness_files():
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-# What a profile fixes of the measurement: runs that differ in any of these never compare. The
-# rest (each phase's limit, the replay tolerance, the prior noise) changes no score.
-MEASURED_FIELDS = (
-    "name", "device", "budget_tokens", "max_flops_per_token", "data", "vocab_size", "seq_len",
-    "eval_tokens", "tokenizer_chars", "warmup_batches", "threads", "deterministic",
-)  # fmt: skip
-
-
-def harness_sha256(profile: Profile | None = None) -> str:
-    """The measurement's identity: the harness's version and files and, given a profile, what it
-    fixes of the measurement (budget, envelope, data, shapes). Results under another identity
-    never compare: a campaign that pins another budget measures another thing."""
-    text = f"{HARNESS_VERSION}\0{harness_files_sha256()}"
-    if profile is not None:
-        fixed = {name: getattr(profile, name) for name in MEASURED_FIELDS}
-        text += "\0" + json.dumps(fixed, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 # Training may go on after its last batch by this much before the run is void: the last step
 # (on a GPU the host queues work up to a few steps ahead of the device, and the harness waits
 # for it), and a pause of the process on a busy machine.
@@ -156,15 +117,6 @@ class RunResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def _peak_flops(device_name: str | None) -> float | None:
-    if os.environ.get("SWARM_PEAK_FLOPS"):
-        return float(os.environ["SWARM_PEAK_FLOPS"])
-    for key, flops in PEAK_FLOPS.items():
-        if device_name and key in device_name:
-            return flops
-    return None
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -440,17 +392,6 @@ def eval_shape(val_tokens: int, seq_len: int, eval_tokens: int, device: str) -> 
     return rows, max(1, min(rows, per_batch))
 
 
-def require_device(profile: Profile) -> None:
-    """TrainerError when this machine lacks the profile's device (checked before any data is fetched)."""
-    if profile.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise TrainerError(
-                f"profile {profile.name} needs a CUDA GPU and this machine has none; use --profile cpu"
-            )
-
-
 def _finish(result: RunResult, run_dir: Path, on_event: OnEvent) -> RunResult:
     (run_dir / "result.json").write_text(json.dumps(result.as_dict(), indent=1))
     on_event({"event": "done", "outcome": result.outcome, "val_bpb": result.val_bpb})
@@ -536,7 +477,7 @@ def _result(
     tps = timed_tokens / train_seconds if train_seconds > 0 and timed_tokens > 0 else None
     work = counts.get("work_seconds")
     flops, device_name = exported.get("flops_per_token"), exported.get("device_name")
-    peak = _peak_flops(device_name)
+    peak = peak_flops(device_name)
     mfu = flops * tps / peak if flops and tps and peak else None
     val_bpb = result.get("val_bpb")
     error = seen.get("error")
