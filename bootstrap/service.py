@@ -8,8 +8,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from node import network
 from node.campaign import Campaign
-from node.gossip import GossipConfig, run_peer
+from node.gossip import GossipConfig
 from node.ledger import Ledger, ledger_path
 
 ADDRESS_FILE = "address"
@@ -43,4 +44,6 @@ def serve(
         for addr in addrs:
             print(addr, flush=True)
 
-    run_peer(GossipConfig(home=home, listen=listen, campaign=campaign), on_ready=ready, stop=stop)
+    network.run(
+        GossipConfig(home=home, listen=listen, campaign=campaign), on_ready=ready, stop=stop
+    )

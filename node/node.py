@@ -118,8 +118,9 @@ def run_node(
     config: NodeConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None
 ) -> None:
     """Join the swarm and research until `stop` is set or Ctrl-C."""
+    from node import network
     from node.agent.crew import Crew
-    from node.gossip import GossipConfig, run_peer
+    from node.gossip import GossipConfig
     from node.trainer import get_profile, prepare_data, require_device
     from node.trainer.compile_cache import CompileCache
 
@@ -169,7 +170,7 @@ def run_node(
 
     def gossip() -> None:
         try:
-            run_peer(
+            network.run(
                 GossipConfig(home, config.listen, config.bootstrap, config.campaign),
                 on_ready=lambda addrs: say("listening on " + " ".join(addrs)),
                 stop=stop,

@@ -146,9 +146,9 @@ def invalid_flood(addr: str, campaign: str, count: int, weak_key: bool = False) 
 
 def _weak_key_facts(campaign: str, count: int) -> list[bytes]:
     import msgpack
+    from synthetic import synthetic_result
 
     from node import wire
-    from node.gossip.peer import synthetic_result
     from node.identity import Identity
 
     signer, identity_point, facts = Identity.generate(), bytes([1]) + bytes(31), []
@@ -195,9 +195,10 @@ def relayed(addr: str, via: str, campaign: str, count: int) -> None:
     import trio
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.peerinfo import info_from_p2p_addr
+    from synthetic import synthetic_result
 
     from node import wire
-    from node.gossip.peer import synthetic_result, topic_for
+    from node.gossip.peer import topic_for
     from node.identity import Identity
 
     _tcp_target(addr)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from attack_gossip import LOOPBACK, _say  # this script's folder is on the path
+from synthetic import publish_synthetic
 
 ATTACKS = Path(__file__).with_name("attack_gossip.py")
 
@@ -42,14 +43,7 @@ class _Peer:
         self.addr = self.status()["addrs"][0]
 
     def publish(self, n: int) -> str:
-        from node.gossip.peer import synthetic_result
-        from node.identity import load_identity
-        from node.ledger import Ledger
-
-        body, source = synthetic_result(n)
-        with Ledger(self.home / "ledger.db", campaign=self.campaign) as ledger:
-            ledger.add_version(source)
-            return ledger.publish(load_identity(self.home), "result", body).id
+        return publish_synthetic(self.home, self.campaign, n)
 
     def holds(self, ids: set[str]) -> bool:
         import sqlite3

@@ -1,5 +1,8 @@
 """Benchmark the gossip network: N `swarm peer` processes on 127.0.0.1, each publishing results.
 
+Each node's results are written into its ledger under its key (as its workers write them) and
+its network gossips them as they appear.
+
 Measures propagation latency of a fact to every node (p50/p99, author's clock to each ledger's
 receive time: one machine, one clock), bytes on the wire per fact (TCP bytes_sent from `ss`),
 idle CPU and memory per node, and time from start to first connected peer. Prints one JSON.
@@ -18,8 +21,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+from synthetic import publish_synthetic  # this script's folder is on the path
 
 ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = "bench"
@@ -86,6 +92,15 @@ def latencies(homes: list[Path]) -> tuple[list[float], int]:
     return out, len(facts)
 
 
+def publish(homes: list[Path], facts: int, every: float) -> None:
+    """Each node's results, one for every node each `every` seconds, into its ledger."""
+    for seq in range(1, facts + 1):
+        began = time.monotonic()
+        for home in homes:
+            publish_synthetic(home, CAMPAIGN, seq)
+        time.sleep(max(0.0, every - (time.monotonic() - began)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8)
@@ -103,8 +118,7 @@ def main() -> None:
         for i, home in enumerate(homes):
             home.mkdir(parents=True)
             cmd = [sys.executable, "-m", "node.cli", "peer", "--campaign", CAMPAIGN, "--home", str(home),
-                   "--listen", "/ip4/127.0.0.1/tcp/0", "--publish-every", str(args.every),
-                   "--publish-count", str(args.facts), *bootstrap]  # fmt: skip
+                   "--listen", "/ip4/127.0.0.1/tcp/0", *bootstrap]  # fmt: skip
             spawned.append(time.time())
             log = open(home / "node.log", "wb")  # noqa: SIM115
             procs.append(
@@ -124,6 +138,7 @@ def main() -> None:
         ports = {int(status(h)["addrs"][0].split("/tcp/")[1].split("/")[0]) for h in homes}
         bytes0, facts0 = wire_bytes(ports), latencies(homes)[1]
         t0 = time.monotonic()
+        threading.Thread(target=publish, args=(homes, args.facts, args.every), daemon=True).start()
         total = args.nodes * args.facts
         wait_until(lambda: all(status(h)["facts"] >= total for h in homes), "every fact everywhere",
                    timeout=args.facts * args.every * 3 + 120)  # fmt: skip

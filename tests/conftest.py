@@ -24,6 +24,9 @@ from node.identity import Identity
 from node.ledger import Ledger, LedgerError
 from node.trainer.sandbox import sandbox_available
 
+# The scripts' folder, for the helpers tests share with the benchmarks (scripts/synthetic.py).
+sys.path.append(str(Path(__file__).resolve().parents[1] / "scripts"))
+
 CAMPAIGN = "demo"
 HARNESS = "ab" * 32
 BASELINE = "00" * 32

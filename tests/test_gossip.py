@@ -26,13 +26,9 @@ DEADLINE = 60.0  # seconds for anything that takes one or two on an idle machine
 
 def publish_into(home: Path, n: int) -> str:
     """Sign a synthetic result with HOME's key and store it in HOME's ledger; returns its id."""
-    from node.gossip.peer import synthetic_result
-    from node.identity import load_identity
-    from node.ledger import Ledger
+    from synthetic import publish_synthetic
 
-    home.mkdir(parents=True, exist_ok=True)
-    with Ledger(home / "ledger.db", campaign=CAMPAIGN) as ledger:
-        return ledger.publish(load_identity(home), "result", synthetic_result(n)[0]).id
+    return publish_synthetic(home, CAMPAIGN, n)
 
 
 class Node:
@@ -124,9 +120,12 @@ def _all_hold(nodes: list[Node], facts: set[str]) -> bool:
 @pytest.mark.slow
 def test_every_fact_published_by_any_node_reaches_every_ledger(swarm) -> None:
     boot = swarm("boot", peer=False)
-    nodes = [swarm(f"n{i}", "--bootstrap", boot.addr, "--publish-every", "1", "--publish-count", "3")
-             for i in range(5)]  # fmt: skip
+    nodes = [swarm(f"n{i}", "--bootstrap", boot.addr) for i in range(5)]
     everyone = [boot, *nodes]
+    wait_until(lambda: all(boot.peer_id in n.connected() for n in nodes), "nodes to reach boot")
+    for n in (1, 2, 3):  # each node's worker publishes into its ledger; its network gossips
+        for node in nodes:
+            node.publish(n)
     wait_until(lambda: all(len(n.results()) >= 15 for n in everyone), "15 results in every ledger")
     published = set().union(*(n.results() for n in everyone))
     assert len(published) == 15 and all(n.results() == published for n in everyone)
@@ -168,8 +167,11 @@ def test_a_late_joiner_holds_every_earlier_fact_after_sync(swarm, tmp_path: Path
     # Facts stored before e0 started were never gossiped: only sync can carry them.
     offline = {publish_into(tmp_path / "e0", n) for n in (1, 2, 3)}
     boot = swarm("boot", peer=False)
-    early = [swarm(f"e{i}", "--bootstrap", boot.addr, "--publish-every", "0.5", "--publish-count", "3")
-             for i in range(2)]  # fmt: skip
+    early = [swarm(f"e{i}", "--bootstrap", boot.addr) for i in range(2)]
+    wait_until(lambda: all(boot.peer_id in n.connected() for n in early), "nodes to reach boot")
+    for n in (4, 5, 6):
+        for node in early:
+            node.publish(n)
     wait_until(
         lambda: all(len(n.results()) >= 9 for n in early), "the early nodes to exchange 9 results"
     )
@@ -272,9 +274,10 @@ def _hostile(campaign: str, targets: list[str]) -> None:
     from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
     from libp2p.tools.anyio_service import background_trio_service
     from libp2p.utils.varint import encode_uvarint
+    from synthetic import synthetic_result
 
     from node import wire
-    from node.gossip.peer import synthetic_result, topic_for
+    from node.gossip.peer import topic_for
     from node.identity import Identity
 
     me = Identity.generate()
@@ -360,5 +363,5 @@ def _hostile(campaign: str, targets: list[str]) -> None:
 
 
 if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "hostile":
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
     _hostile(sys.argv[2], sys.argv[3:])

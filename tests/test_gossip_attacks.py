@@ -241,7 +241,8 @@ def test_a_peer_serving_bytes_that_fail_their_hash_is_charged_once_and_not_asked
 ) -> None:
     import sqlite3
 
-    from node.gossip.peer import synthetic_result
+    from synthetic import synthetic_result
+
     from node.identity import load_identity
     from node.ledger import Ledger
 

@@ -150,7 +150,7 @@ class _Stream:
 
 
 class _Asker:
-    """What `protocols.fetch` and `protocols.sync_with` use of a node: its limits, its ledger's
+    """What `protocols.fetch` and `protocols.sync_with` use of a node: its limits, its facts'
     holdings, and the two ways a peer's answer is charged."""
 
     def __init__(self) -> None:
@@ -158,7 +158,7 @@ class _Asker:
 
         self.limits, self.charged, self.counts = Limits(), [], {"synced": 0}
         self.config = SimpleNamespace(campaign=CAMPAIGN)
-        self.ledger = SimpleNamespace(holdings=dict)
+        self.facts = SimpleNamespace(holdings=dict)
 
     def bad_fetch(self, peer: str, what: str) -> None:
         self.charged.append(("bad_fetch", what))

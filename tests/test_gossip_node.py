@@ -12,10 +12,12 @@ from pathlib import Path
 
 import trio
 
-from node.gossip import GossipConfig, GossipError, read_status, run_peer
+from node.gossip import GossipConfig, GossipError, read_status
 from node.gossip.peer import GossipNode, check_port_free, dialable_addrs
 from node.identity import Identity
 from node.ledger import Ledger
+from node.network import LedgerFacts
+from node.network import run as run_network
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "12D3KooWQizHGzpUEhtfYvotZT3KSMG6GDcgsYpj6FaDjifC6y3y"
@@ -28,7 +30,7 @@ def test_a_host_that_dies_is_restarted_with_the_same_ledger_and_peer_book(tmp_pa
     learned = PEER
     with Ledger(tmp_path / "ledger.db", campaign="c") as ledger:
         node = GossipNode(GossipConfig(home=tmp_path, listen="/ip4/127.0.0.1/tcp/0"),
-                          Identity.generate(), ledger)  # fmt: skip
+                          Identity.generate(), LedgerFacts(ledger))  # fmt: skip
         lives: list[dict] = []
 
         async def main() -> None:
@@ -36,11 +38,11 @@ def test_a_host_that_dies_is_restarted_with_the_same_ledger_and_peer_book(tmp_pa
 
                 async def maintain() -> None:  # started by each life once its host listens
                     lives.append({"host": node.host, "addrs": list(node.addrs),
-                                  "knows": node.book.addrs(learned), "ledger": node.ledger,
-                                  "fact": node.ledger.version(hashlib.sha256(b"fact").hexdigest())})  # fmt: skip
+                                  "knows": node.book.addrs(learned), "ledger": node.facts.ledger,
+                                  "fact": node.facts.version(hashlib.sha256(b"fact").hexdigest())})  # fmt: skip
                     if len(lives) == 1:
                         node.book.add(learned, ["/ip4/127.0.0.1/tcp/7"])
-                        node.ledger.add_version(b"fact")
+                        node.facts.add_version(b"fact", hashlib.sha256(b"fact").hexdigest())
                         raise RuntimeError("DecodeError escaped somewhere")
                     scope.cancel()
 
@@ -57,7 +59,7 @@ def test_a_host_that_dies_is_restarted_with_the_same_ledger_and_peer_book(tmp_pa
 
 def test_a_host_that_never_comes_up_is_a_gossip_error(tmp_path: Path) -> None:
     with Ledger(tmp_path / "ledger.db", campaign="c") as ledger:
-        node = GossipNode(GossipConfig(home=tmp_path), Identity.generate(), ledger)
+        node = GossipNode(GossipConfig(home=tmp_path), Identity.generate(), LedgerFacts(ledger))
 
         async def host_that_cannot_listen() -> None:
             raise OSError("cannot assign requested address")
@@ -123,7 +125,7 @@ def test_peers_without_a_running_node_says_what_to_run(tmp_path: Path) -> None:
 def test_a_node_runs_in_a_thread_and_stops_when_asked(tmp_path: Path) -> None:
     stop, ready = threading.Event(), []
     config = GossipConfig(home=tmp_path, listen="/ip4/127.0.0.1/tcp/0", campaign="c")
-    thread = threading.Thread(target=run_peer, args=(config, ready.extend, stop), daemon=True)
+    thread = threading.Thread(target=run_network, args=(config, ready.extend, stop), daemon=True)
     thread.start()
     end = time.monotonic() + 60
     while not (ready and (tmp_path / "gossip.json").exists()) and time.monotonic() < end:
@@ -151,7 +153,9 @@ def test_a_host_that_dies_comes_back_on_the_printed_address_with_one_listener(
     a_home, b_home = tmp_path / "a", tmp_path / "b"
     with Ledger(a_home / "ledger.db", campaign="c") as a_ledger, \
             Ledger(b_home / "ledger.db", campaign="c") as b_ledger:  # fmt: skip
-        a = GossipNode(GossipConfig(home=a_home, campaign="c"), Identity.generate(), a_ledger)
+        a = GossipNode(
+            GossipConfig(home=a_home, campaign="c"), Identity.generate(), LedgerFacts(a_ledger)
+        )
         seen: dict = {}
 
         async def crash() -> None:
@@ -171,7 +175,7 @@ def test_a_host_that_dies_comes_back_on_the_printed_address_with_one_listener(
                     port = int(seen["printed"][0].split("/tcp/")[1].split("/")[0])
                     seen["listeners"] = _listening_sockets(port)
                     config = GossipConfig(home=b_home, campaign="c", bootstrap=seen["printed"][:1])
-                    b = GossipNode(config, Identity.generate(), b_ledger)
+                    b = GossipNode(config, Identity.generate(), LedgerFacts(b_ledger))
                     nursery.start_soon(b.run)
                     while a.peer_id not in _connected(b):
                         await trio.sleep(0.1)
@@ -192,7 +196,7 @@ def test_connections_from_one_address_over_the_cap_are_refused(tmp_path: Path) -
     ledgers = [Ledger(home / "ledger.db", campaign="c") for home in homes]
     limits = Limits(max_conns_per_ip=2, target_peers=0)  # a dials no one: all are inbound
     a = GossipNode(GossipConfig(home=homes[0], campaign="c", limits=limits), Identity.generate(),
-                   ledgers[0])  # fmt: skip
+                   LedgerFacts(ledgers[0]))  # fmt: skip
     seen: dict = {}
 
     async def main() -> None:
@@ -202,7 +206,7 @@ def test_connections_from_one_address_over_the_cap_are_refused(tmp_path: Path) -
             dialers = []
             for home, ledger in zip(homes[1:], ledgers[1:], strict=True):
                 config = GossipConfig(home=home, campaign="c", bootstrap=a.addrs[:1])
-                dialers.append(GossipNode(config, Identity.generate(), ledger))
+                dialers.append(GossipNode(config, Identity.generate(), LedgerFacts(ledger)))
                 nursery.start_soon(dialers[-1].run)
             with trio.move_on_after(30):
                 while a.counts["connections_refused"] < 1 or len(_connected(a)) < 2:

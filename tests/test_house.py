@@ -41,20 +41,35 @@ def test_a_ceiling_goes_once_its_module_is_back_within_the_budget():
     assert not stale, f"within {BUDGET} lines now, or gone: take out of CEILINGS {stale}"
 
 
-def test_the_node_never_imports_the_bootstrap():
-    """The bootstrap is built on the node (its command comes in through an entry point): an
-    import the other way would make the two one tangle."""
+def _imports(folder: Path) -> list[tuple[str, str]]:
+    """(module file, absolute module it imports) for every import under `folder`."""
     import ast
 
     found = []
-    for path in sorted((ROOT / "node").rglob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
                 [a.name for a in node.names] if isinstance(node, ast.Import)
                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
                 else []
             )  # fmt: skip
-            found += [
-                f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "bootstrap"
-            ]
+            found += [(str(path.relative_to(ROOT)), name) for name in names]
+    return found
+
+
+def test_the_node_never_imports_the_bootstrap():
+    """The bootstrap is built on the node (its command comes in through an entry point): an
+    import the other way would make the two one tangle."""
+    found = [f"{path}: {name}" for path, name in _imports(ROOT / "node")
+             if name.split(".")[0] == "bootstrap"]  # fmt: skip
+    assert not found, found
+
+
+def test_gossip_is_a_transport_that_knows_no_ledger_and_no_policy():
+    """Facts flow from the socket through `Facts` into the node: the network package never opens
+    the ledger, judges a peer or reaches back into the node that wires it (node/network.py)."""
+    closed = ("node.ledger", "node.standing", "node.evidence", "node.consensus", "node.network",
+              "node.node", "node.agent")  # fmt: skip
+    found = [f"{path}: {name}" for path, name in _imports(ROOT / "node" / "gossip")
+             if name.startswith(closed)]  # fmt: skip
     assert not found, found

@@ -213,23 +213,24 @@ def test_the_gossip_layer_hears_a_silenced_peer_and_drops_a_banned_one(tmp_path,
 
     from libp2p.peer.id import ID
 
-    from node.gossip import GossipConfig
-    from node.gossip.peer import GossipNode
+    from node.gossip import GossipConfig, GossipNode
     from node.identity import Identity
+    from node.network import LedgerFacts, judge
 
     def message(relay, fact):
         return SimpleNamespace(from_id=ID.from_base58(relay.peer_id).to_bytes(), data=fact.raw)
 
     dave = Identity(bytes(range(3, 35)))
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
-        node = GossipNode(GossipConfig(home=tmp_path, campaign=CAMPAIGN), Identity.generate(), book)
+        node = GossipNode(GossipConfig(home=tmp_path, campaign=CAMPAIGN), Identity.generate(),
+                          LedgerFacts(book))  # fmt: skip
         fakes = [make_result(alice, seq, BASELINE, f"{seq:064x}", 0.2) for seq in (1, 2, 3)]
         votes = [make_verification(carol, seq, f, "void") for seq, f in enumerate(fakes, 1)]
         for fact in fakes + votes:
             assert node._validate(ID.from_base58(bob.peer_id), message(bob, fact))
         assert node.silenced == set()
         book.record_offences({(dave.peer_id, "junk"): 1})
-        node.update_standing()
+        node.set_standing(judge(book, node))
         assert node.silenced == {alice.peer_id, dave.peer_id} and node.banned == {dave.peer_id}
         later = make_result(alice, 4, BASELINE, "44" * 32, 0.1)
         assert node._validate(ID.from_base58(bob.peer_id), message(bob, later))  # heard, stored
@@ -246,7 +247,7 @@ def test_the_gossip_layer_hears_a_silenced_peer_and_drops_a_banned_one(tmp_path,
         assert why.startswith("3 claim(s) found void: its score broke the harness's rules")
         for _ in range(3):  # the gossip layer's own refusals outlive a restart: in the ledger
             node._penalise(bob.peer_id, 0.2, "flood")
-        node.update_standing()
+        node.set_standing(judge(book, node))
         assert node.standing[bob.peer_id].offences == {"flood": 3}
         (tmp_path / "gossip.json").write_text(json.dumps(node.status()))
     shown = subprocess.run(

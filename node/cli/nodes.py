@@ -42,18 +42,6 @@ def peer_cmd(
     ],
     bootstrap: BootstrapOption = None,
     listen: ListenOption = "/ip4/0.0.0.0/tcp/0",
-    publish_every: Annotated[
-        float,
-        typer.Option(
-            "--publish-every", help="Publish a synthetic result every SECONDS (tests, benchmarks)."
-        ),
-    ] = 0.0,
-    publish_count: Annotated[
-        int,
-        typer.Option(
-            "--publish-count", help="Stop after this many synthetic results (0: no limit)."
-        ),
-    ] = 0,
     home: HomeOption = None,
 ) -> None:
     """Run a gossiping node without training: find peers, sync, relay and store facts.
@@ -63,19 +51,13 @@ def peer_cmd(
 
     Example: swarm peer --campaign demo --bootstrap /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...
     """
-    from node.gossip import GossipConfig, run_peer
+    from node import network
+    from node.gossip import GossipConfig
     from node.home import resolve_home
 
     peers = bootstrap_addrs(bootstrap or [])
-    run_peer(
-        GossipConfig(
-            home=resolve_home(home),
-            listen=listen,
-            bootstrap=peers,
-            campaign=campaign,
-            publish_every=publish_every,
-            publish_count=publish_count,
-        ),
+    network.run(
+        GossipConfig(home=resolve_home(home), listen=listen, bootstrap=peers, campaign=campaign),
         say=status_line,
         stop=stop_on_signal(),
     )

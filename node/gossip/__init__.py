@@ -1,9 +1,13 @@
-"""The gossip network: libp2p hosts that carry signed facts between nodes, with no coordinator.
+"""The gossip network as a transport: libp2p hosts that carry signed facts between nodes, with
+no coordinator. It knows no ledger and no policy: the node hands it a `Facts` (facts in, each
+with a verdict; what it may serve), sends its own facts through `GossipNode.send`, and tells it
+whose facts to drop (`set_standing`). `node/network.py` wires it to the ledger and to standing.
 
-The face: `GossipConfig`, `run_peer(config)` (blocks; a bootstrap is a peer that trains nothing),
+The face: `GossipConfig`, `GossipNode`, `Facts`, `run_peer(transport)` (blocks), `fetch_blob`,
 `read_status(home)`, `topic_for(campaign)`, `GossipError`. Trio and libp2p stay in this package.
 
-    peer.py       one gossiping node: its host, topic, maintenance loops and status
+    peer.py       the transport: its host, topic, maintenance loops and status
+    facts.py      the door to the node: `Facts`, and a verdict for each fact
     pubsub.py     GossipSub's Pubsub, charging the sender for junk, bad signatures and streams
     guards.py     patches of the library where it trusts a stranger's lengths and windows
     protocols.py  our own protocols: sync, peer exchange, fetch by hash
@@ -20,6 +24,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from node.gossip.facts import Facts, NoFacts, Verdict
 from node.gossip.limits import Limits
 from node.gossip.peer import (
     STATUS_FILE,
@@ -31,9 +36,12 @@ from node.gossip.peer import (
 )
 
 __all__ = [
+    "Facts",
     "GossipConfig",
     "GossipError",
+    "GossipNode",
     "Limits",
+    "Verdict",
     "fetch_blob",
     "read_status",
     "run_peer",
@@ -42,41 +50,34 @@ __all__ = [
 
 
 def run_peer(
-    config: GossipConfig, on_ready: Callable[[list[str]], None] | None = None,
-    stop: threading.Event | None = None, say: Callable[[str], None] | None = None,
-) -> None:  # fmt: skip
-    """Run a gossiping node until interrupted or `stop` is set: listen, find peers, sync, relay.
+    transport: GossipNode,
+    on_ready: Callable[[list[str]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run the transport until interrupted or `stop` is set: listen, find peers, sync, relay.
 
-    `on_ready` gets the node's full multiaddrs (with /p2p/<peer id>) once it listens; `say` gets
-    a line when a --bootstrap peer cannot be reached (dials go on) and when it connects. A daemon
+    `on_ready` gets the node's full multiaddrs (with /p2p/<peer id>) once it listens. A daemon
     runs this in a thread of its own and sets `stop` to end it."""
     import trio
 
-    from node.identity import load_identity
-    from node.ledger import Ledger, ledger_path
-
     logging.getLogger("libp2p").setLevel(logging.CRITICAL)  # we count and report what matters
-    check_port_free(config.listen)
-    identity = load_identity(config.home)
-    with Ledger(ledger_path(config.home), campaign=config.campaign) as ledger:
-        node = GossipNode(config, identity, ledger)
-        node.say = say or (lambda line: None)
+    check_port_free(transport.config.listen)
 
-        async def main() -> None:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(node.run)
-                await node.printed.wait()
-                (on_ready or _print_addrs)(node.addrs)
-                while stop is not None:
-                    if stop.is_set():
-                        nursery.cancel_scope.cancel()
-                        return
-                    await trio.sleep(0.2)
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(transport.run)
+            await transport.printed.wait()
+            (on_ready or _print_addrs)(transport.addrs)
+            while stop is not None:
+                if stop.is_set():
+                    nursery.cancel_scope.cancel()
+                    return
+                await trio.sleep(0.2)
 
-        try:
-            trio.run(main)
-        except Exception as exc:  # trio wraps errors in groups: show the user's, not a tree
-            raise _first_gossip_error(exc) or exc from None
+    try:
+        trio.run(main)
+    except Exception as exc:  # trio wraps errors in groups: show the user's, not a tree
+        raise _first_gossip_error(exc) or exc from None
 
 
 def fetch_blob(home: Path, peer_addr: str, sha256: str, timeout: float = 60.0) -> bytes:
@@ -88,34 +89,32 @@ def fetch_blob(home: Path, peer_addr: str, sha256: str, timeout: float = 60.0) -
     from node.gossip import protocols
     from node.gossip.peer import parse_multiaddr
     from node.identity import load_identity
-    from node.ledger import Ledger, ledger_path
 
     peer = parse_multiaddr(peer_addr, need_peer_id=True).get_peer_id()
     logging.getLogger("libp2p").setLevel(logging.CRITICAL)
     config = GossipConfig(home=home, listen="/ip4/127.0.0.1/tcp/0", bootstrap=[peer_addr])
-    with Ledger(ledger_path(home)) as ledger:
-        node = GossipNode(config, load_identity(home), ledger)
-        found: list[bytes] = []
+    node = GossipNode(config, load_identity(home), NoFacts())
+    found: list[bytes] = []
 
-        async def main() -> None:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(node.run)
-                asked = 0
-                with trio.move_on_after(timeout):
-                    while not found and asked < 3:  # connected and asked: it does not hold them
-                        connected = node.host is not None and any(
-                            p.to_base58() == peer for p in node.host.get_connected_peers()
-                        )
-                        if connected:
-                            asked += 1
-                            data = await protocols.fetch(node, peer, "version", sha256)
-                            if data is not None:
-                                found.append(data)
-                                break
-                        await trio.sleep(0.5)
-                nursery.cancel_scope.cancel()
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node.run)
+            asked = 0
+            with trio.move_on_after(timeout):
+                while not found and asked < 3:  # connected and asked: it does not hold them
+                    connected = node.host is not None and any(
+                        p.to_base58() == peer for p in node.host.get_connected_peers()
+                    )
+                    if connected:
+                        asked += 1
+                        data = await protocols.fetch(node, peer, "version", sha256)
+                        if data is not None:
+                            found.append(data)
+                            break
+                    await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
 
-        trio.run(main)
+    trio.run(main)
     if not found:
         raise GossipError(
             f"{peer_addr} did not serve {sha256[:16]}: check the address and the hash, and that "

@@ -1,10 +1,11 @@
-"""One gossiping node: a libp2p host, GossipSub on the campaign's topic, and our own protocols.
+"""The transport: a libp2p host, GossipSub on the campaign's topic, and our own protocols.
 
-Every message from a peer passes `wire.decode` and the ledger before it is accepted or forwarded;
-peers that send invalid facts, junk frames or floods are penalised, then banned, and their facts
-dropped for good (`node.standing`'s banned). A peer silenced by the evidence is still heard:
-its facts are how it recovers. A crash of the host restarts it with the same
-key, ledger and address book. Trio stays inside this package.
+Facts come in through the node's `Facts.accept`, which gives each a verdict before it is
+forwarded; facts go out through `send`. Peers that send invalid facts, junk frames or floods are
+penalised, then banned; the refusals are handed to the node (`take_offences`), which judges its
+peers and says whose facts to drop for good (`set_standing`). A peer silenced by the evidence is
+still heard: its facts are how it recovers. A crash of the host restarts it with the same key,
+facts and address book. Trio stays inside this package.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import json
 import logging
 import math
 import os
+import queue
 import random
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,19 +37,19 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.score import ScoreParams
 from libp2p.tools.anyio_service import background_trio_service
 
-from node import standing, wire
+from node import wire
 from node.errors import SwarmError
 from node.gossip import frames, guards, protocols
+from node.gossip.facts import Facts, PeerStanding, Verdict
 from node.gossip.limits import HandshakeGate, Limits, PeerBook
 from node.gossip.pubsub import GuardedPubsub, origin_id
 from node.identity import Identity, peer_id_from_public_key
-from node.ledger import Ledger
 
 log = logging.getLogger("swarm.gossip")
 STATUS_FILE = "gossip.json"  # inside the node's home: what `swarm peers` shows
 _SIGNED_REASONS = (wire.Reason.replay, wire.Reason.seq_backwards, wire.Reason.future_time)
-# What the gossip layer refuses before the ledger sees it; recorded in the ledger's rejections so
-# that standing, unlike a ban, survives a restart.
+# What the transport refuses before the node's facts see it; handed to the node (`take_offences`),
+# which records it, so that standing, unlike a ban, survives a restart.
 _OFFENCES = (
     "flood",
     "junk",
@@ -126,21 +129,7 @@ class GossipConfig:
     listen: str = "/ip4/127.0.0.1/tcp/0"
     bootstrap: list[str] = field(default_factory=list)
     campaign: str | None = None  # None: discovery and sync only (a bare bootstrap)
-    publish_every: float = 0.0  # seconds between synthetic results (tests, benchmarks); 0: never
-    publish_count: int = 0  # stop after this many synthetic results; 0: no limit
     limits: Limits = field(default_factory=Limits)
-
-
-def synthetic_result(seq: int) -> tuple[dict, bytes]:
-    """A result fact body and the train.py it names, for tests and benchmarks (no training)."""
-    source = f"# synthetic train.py {os.urandom(8).hex()} {seq}\n".encode()
-    child = wire.content_ref(source)[0]
-    body = wire.result_body(
-        parent="0" * 64, child=child, diff=source, description=f"synthetic result {seq}",
-        profile="test", harness="1" * 64, seed=seq, outcome="discard",
-        metrics={"val_bpb": 1.0 + random.random() / 100, "steps": 1, "tokens": 1},
-    )  # fmt: skip
-    return body, source
 
 
 def _origin(msg: Any) -> str:
@@ -218,19 +207,16 @@ async def _release(host: Any) -> None:
                 pass
 
 
-def _judge(path: Path) -> dict[str, standing.Standing]:
-    with Ledger(path, readonly=True) as ledger:
-        return standing.ledger_standing(ledger)
-
-
 class GossipNode:
-    """The node's side of the swarm; `run()` blocks (inside trio) until cancelled."""
+    """The node's side of the swarm; `run()` blocks (inside trio) until cancelled.
 
-    def __init__(self, config: GossipConfig, identity: Identity, ledger: Ledger) -> None:
+    Thread-safe for the node: `send`, `take_offences`, `set_standing`."""
+
+    def __init__(self, config: GossipConfig, identity: Identity, facts: Facts) -> None:
         self.config = config
         self.identity = identity
         self.peer_id = identity.peer_id
-        self.ledger = ledger
+        self.facts = facts
         self.limits = config.limits
         self.book = PeerBook(config.limits)
         self.gate = HandshakeGate(config.limits)
@@ -251,10 +237,12 @@ class GossipNode:
                                      "streams_refused", "window_exceeded", "bad_fetches", "bad_answers",
                                      "handshakes_refused", "handshakes_cut",
                                      "handshakes_timed_out", "connections_refused"), 0)  # fmt: skip
-        self.standing: dict[str, standing.Standing] = {}
+        self.standing: Mapping[str, PeerStanding] = {}  # as the node last judged its peers
         self.silenced: set[str] = set()  # peers that lost standing
         self.banned: set[str] = set()  # of those, banned for refused messages: facts dropped
-        self._offences: dict[tuple[str, str], int] = {}  # not yet in the ledger
+        self._offences: dict[tuple[str, str], int] = {}  # not yet taken by the node
+        self._offences_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()  # this node's own facts
         self.addrs: list[str] = []
         self.host: Any = None
         self.pubsub: Any = None
@@ -264,8 +252,6 @@ class GossipNode:
         self._synced: set[str] = set()
         self._dialing: set[str] = set()
         self._wanted: dict[str, tuple[list[str], int]] = {}  # sha256 -> (peers to ask, tries)
-        self._gossiped_seq = ledger.next_seq(identity.public_key) - 1
-        self._published = 0
         self.printed = trio.Event()
 
     # -------------------------------------------------------- supervision
@@ -337,11 +323,8 @@ class GossipNode:
                 nursery.start_soon(self._maintain)
                 nursery.start_soon(self._status_loop)
                 nursery.start_soon(self._fetch_loop)
-                if self.topic:  # a bare bootstrap archives many campaigns: it judges no one
-                    nursery.start_soon(self._standing_loop)
-                    nursery.start_soon(self._own_facts_loop)
-                    if self.config.publish_every > 0:
-                        nursery.start_soon(self._synthetic_loop)
+                if self.topic:
+                    nursery.start_soon(self._send_loop)
                 await trio.sleep_forever()
 
     # -------------------------------------------------------- accepting facts
@@ -350,10 +333,10 @@ class GossipNode:
         return self.book.mesh_score(peer.to_base58())
 
     def _validate(self, forwarder: ID, msg: Any) -> bool:
-        """GossipSub's validator: only a fact the ledger accepts is delivered or forwarded."""
+        """GossipSub's validator: only a fact the node takes is delivered or forwarded."""
         peer = forwarder.to_base58()
         if peer == self.peer_id:
-            return True  # our own, already in the ledger
+            return True  # our own, held already
         if self.book.is_banned(peer):
             self.drop(peer, "after_ban")
             return False
@@ -370,28 +353,37 @@ class GossipNode:
             if origin == peer:
                 self._penalise(peer, self.limits.flood_penalty, "flood")
             return False
+        (verdict,) = self.take_in([bytes(msg.data)], peer)
+        if isinstance(verdict, wire.Fact):
+            self.book.count_delivery(peer)
+            return True
+        return False
+
+    def take_in(self, raws: list[bytes], peer: str) -> list[Verdict]:
+        """Hand facts `peer` delivered to the node, and act on its verdicts: count the taken
+        ones and want the train.py they name, charge the refused ones to whoever is to blame."""
         try:
-            result = self.ledger.ingest(bytes(msg.data), from_peer=peer)
-        except Exception as exc:  # a busy or broken ledger is our problem, not the peer's
-            log.warning("ledger refused a write: %s", exc)
-            return False
-        if isinstance(result, wire.Rejection):
-            self.reject(result, peer)
-            return False
-        self.counts["accepted"] += 1
-        self.book.count_delivery(peer)
-        self._want_content(result, peer)
-        return True
+            verdicts = self.facts.accept(raws, peer)
+        except Exception as exc:  # the node's problem (a busy ledger), never the peer's
+            log.warning("the node took no facts: %s", exc)
+            return [None] * len(raws)
+        for verdict in verdicts:
+            if isinstance(verdict, wire.Fact):
+                self.counts["accepted"] += 1
+                self._want_content(verdict, peer)
+            elif isinstance(verdict, wire.Rejection):
+                self.reject(verdict, peer)
+        return verdicts
 
     def _want_content(self, fact: wire.Fact, peer: str) -> None:
         if fact.kind != "result" or len(self._wanted) >= self.limits.max_wanted:
             return
         child = fact.body["child"]
-        if child not in self._wanted and self.ledger.version(child) is None:
+        if child not in self._wanted and self.facts.version(child) is None:
             self._wanted[child] = ([peer, fact.peer_id], 0)  # who sent it, then who made it
 
     async def _drain(self, subscription: Any) -> None:
-        while True:  # delivered messages are in the ledger already (validator); empty the queue
+        while True:  # delivered messages were taken already (validator); empty the queue
             await subscription.get()
 
     def drop(self, peer: str, why: str) -> None:
@@ -548,7 +540,8 @@ class GossipNode:
         key = (peer, why)
         room = key in self._offences or len(self._offences) < self.limits.max_known
         if why in _OFFENCES and room:
-            self._offences[key] = self._offences.get(key, 0) + 1
+            with self._offences_lock:
+                self._offences[key] = self._offences.get(key, 0) + 1
         if self.book.penalise(peer, points):
             log.warning("banning %s (%s)", peer, why)
             try:
@@ -556,27 +549,20 @@ class GossipNode:
             except Exception:
                 pass
 
-    # -------------------------------------------------------- standing of peers
+    # -------------------------------------------------------- what the node says and sends
 
-    def update_standing(self, judged: dict[str, standing.Standing] | None = None) -> None:
-        """Record the gossip layer's refusals in the ledger, then judge every peer again (or take
-        `judged`, a judgement of the ledger made elsewhere)."""
-        self._flush_offences()
-        if judged is None:
-            judged = standing.ledger_standing(self.ledger)
+    def take_offences(self) -> dict[tuple[str, str], int]:
+        """The refusals counted since the last call, by (peer, reason), for the node to record."""
+        with self._offences_lock:
+            offences, self._offences = self._offences, {}
+        return offences
+
+    def set_standing(self, judged: Mapping[str, PeerStanding]) -> None:
+        """The node's judgement of its peers: the banned ones' facts are dropped from now on,
+        whoever relays them; the silenced ones' are still heard."""
         self.standing = judged
-        now = standing.silenced(judged)
-        for peer in sorted(now - self.silenced):
-            log.warning("%s lost standing: %s", peer, "; ".join(judged[peer].reasons))
-        for peer in sorted(self.silenced - now):
-            log.warning("%s regained standing", peer)
-        self.silenced = now
-        self.banned = standing.banned(judged)
-
-    def _flush_offences(self) -> None:
-        offences, self._offences = self._offences, {}
-        if offences:
-            self.ledger.record_offences(offences)
+        self.silenced = {peer for peer, s in judged.items() if s.silenced}
+        self.banned = {peer for peer, s in judged.items() if s.banned}
 
     def keep_standing(self, raws: list[bytes]) -> list[bytes]:
         """The facts of `raws` whose authors are not banned; the others are counted and dropped."""
@@ -591,52 +577,22 @@ class GossipNode:
                 kept.append(raw)
         return kept
 
-    async def _standing_loop(self) -> None:
-        # The judgement reads the whole ledger: it runs in a thread on a connection of its own,
-        # and a large ledger is judged less often, so that gossip never waits on it.
+    def send(self, raw: bytes) -> None:
+        """Gossip one of this node's own facts (from any thread); sent once the topic is up."""
+        self._outbox.put(raw)
+
+    async def _send_loop(self) -> None:
         while True:
-            began = time.monotonic()
             try:
-                self._flush_offences()
-                judged = await trio.to_thread.run_sync(_judge, self.ledger.path)
-                self.update_standing(judged)
-            except Exception as exc:  # a busy ledger: judge again next time
-                log.warning("standing not updated: %s", exc)
-            took = time.monotonic() - began
-            await trio.sleep(max(self.limits.standing_every, 10 * took))
-
-    # -------------------------------------------------------- publishing our own facts
-
-    async def _own_facts_loop(self) -> None:
-        while True:
-            await self.gossip_own_facts()
-            await trio.sleep(0.1)
-
-    async def gossip_own_facts(self) -> None:
-        """Gossip this node's facts that entered the ledger since the last call (any writer)."""
-        rows = self.ledger.rows(
-            "SELECT seq, raw FROM facts WHERE author = ? AND seq > ? ORDER BY seq LIMIT 256",
-            (self.peer_id, self._gossiped_seq),
-        )
-        for row in rows:
+                raw = self._outbox.get_nowait()
+            except queue.Empty:
+                await trio.sleep(0.05)
+                continue
             try:
-                await self.pubsub.publish(self.topic, row["raw"])
+                await self.pubsub.publish(self.topic, raw)
                 self.counts["published"] += 1
             except Exception as exc:
                 log.warning("publish failed: %s", exc)
-            self._gossiped_seq = row["seq"]
-
-    async def _synthetic_loop(self) -> None:
-        while not self.host.get_connected_peers():
-            await trio.sleep(0.1)
-        await trio.sleep(self.config.publish_every)
-        while not self.config.publish_count or self._published < self.config.publish_count:
-            body, source = synthetic_result(self._published + 1)
-            self.ledger.add_version(source)
-            self.ledger.publish(self.identity, "result", body)
-            self._published += 1
-            await self.gossip_own_facts()
-            await trio.sleep(self.config.publish_every)
 
     # -------------------------------------------------------- peers: dial, sync, exchange
 
@@ -716,7 +672,7 @@ class GossipNode:
                 if peer in sources:
                     data = await protocols.fetch(self, peer, "version", sha256)
                 if data is not None:
-                    self.ledger.add_version(data, sha256)
+                    self.facts.add_version(data, sha256)
                     self.counts["fetched"] += 1
                     self._wanted.pop(sha256, None)
                 elif tries + 1 >= 12:
@@ -730,7 +686,7 @@ class GossipNode:
         connected = (
             sorted(p.to_base58() for p in self.host.get_connected_peers()) if self.host else []
         )
-        facts = self.ledger.rows("SELECT COUNT(*) AS n FROM facts")[0]["n"]
+        facts = self.facts.count()
         mesh = self.pubsub.router.mesh.get(self.topic, ()) if self.pubsub else ()
         return {
             "peer_id": self.peer_id, "addrs": self.addrs, "campaign": self.config.campaign,

@@ -104,7 +104,7 @@ async def sync_with(node: GossipNode, peer: str) -> int:
     new = 0
     try:
         stream = await _open(node, peer, SYNC)
-        holdings = node.ledger.holdings()
+        holdings = node.facts.holdings()
         bins = wire.head_bins(holdings)
         await write_frame(stream, {"bins": bins, "campaign": node.config.campaign})
         answer = await read_frame(stream, timeout=node.limits.sync_seconds)
@@ -122,13 +122,8 @@ async def sync_with(node: GossipNode, peer: str) -> int:
                 if not batch:
                     break
                 received += len(batch)
-                results = node.ledger.ingest_many(node.keep_standing(batch), from_peer=peer)
-                for item in results:
-                    if isinstance(item, wire.Fact):
-                        new += 1
-                        node._want_content(item, peer)
-                    else:
-                        node.reject(item, peer)
+                verdicts = node.take_in(node.keep_standing(batch), peer)
+                new += sum(isinstance(v, wire.Fact) for v in verdicts)
         await stream.close()
     except MalformedFrame as exc:
         node.bad_answer(peer, f"sync: {exc}")
@@ -153,7 +148,7 @@ async def _serve_sync(node: GossipNode, stream: Any, peer: str) -> None:
     theirs = _valid_bins(request.get("bins"))
     want = []  # too soon after the last one: nothing this time
     if node.book.sync_due(peer):
-        want = wire.differing_bins(wire.head_bins(node.ledger.holdings()), theirs)
+        want = wire.differing_bins(wire.head_bins(node.facts.holdings()), theirs)
     await write_frame(stream, {"want": want})
     entries = await read_frame(stream, limit=wire.MAX_ANY_SIZE + 4096)
     if not isinstance(entries, dict):
@@ -162,7 +157,7 @@ async def _serve_sync(node: GossipNode, stream: Any, peer: str) -> None:
     # Collect first (bounded), then send: no cursor stays open while we wait on the peer.
     campaign = request.get("campaign")
     share = node.limits.max_sync_per_author  # one author's flood cannot fill the answer
-    wanted = (raw for raw in node.ledger.facts_missing_from(authors, share, want)
+    wanted = (raw for raw in node.facts.missing_from(authors, share, want)
               if campaign is None or _campaign_of(raw) == campaign)  # fmt: skip
     missing = list(itertools.islice(wanted, node.limits.max_sync_facts))
     sent = 0
@@ -227,7 +222,7 @@ async def _serve_peers(node: GossipNode, stream: Any, peer: str) -> None:
 
 
 def _lookup(node: GossipNode, kind: str, sha256: str) -> bytes | None:
-    return node.ledger.version(sha256) if kind == "version" else None
+    return node.facts.version(sha256) if kind == "version" else None
 
 
 async def fetch(node: GossipNode, peer: str, kind: str, sha256: str) -> bytes | None:
