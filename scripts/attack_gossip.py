@@ -126,7 +126,7 @@ def invalid_flood(addr: str, campaign: str, count: int, weak_key: bool = False) 
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.peerinfo import info_from_p2p_addr
 
-    from node.gossip.peer import topic_for
+    from node.gossip import topic_for
     from node.identity import Identity
 
     _tcp_target(addr)
@@ -198,7 +198,7 @@ def relayed(addr: str, via: str, campaign: str, count: int) -> None:
     from synthetic import synthetic_result
 
     from node import wire
-    from node.gossip.peer import topic_for
+    from node.gossip import topic_for
     from node.identity import Identity
 
     _tcp_target(addr)
@@ -326,7 +326,7 @@ def sybil(addr: str, senders: int, hold: float, campaign: str, stall: bool) -> N
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.peerinfo import info_from_p2p_addr
 
-    from node.gossip.peer import topic_for
+    from node.gossip import topic_for
     from node.identity import Identity
 
     _tcp_target(addr)

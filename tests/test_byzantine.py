@@ -588,7 +588,7 @@ def _publish(plan_path: str, targets: list[str]) -> None:
     from libp2p.tools.anyio_service import background_trio_service
     from libp2p.utils.varint import encode_uvarint
 
-    from node.gossip.peer import topic_for
+    from node.gossip import topic_for
 
     plan = json.loads(Path(plan_path).read_text())
     key = create_new_key_pair(bytes.fromhex(plan["seed"]))

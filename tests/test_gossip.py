@@ -277,7 +277,7 @@ def _hostile(campaign: str, targets: list[str]) -> None:
     from synthetic import synthetic_result
 
     from node import wire
-    from node.gossip.peer import topic_for
+    from node.gossip import topic_for
     from node.identity import Identity
 
     me = Identity.generate()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import trio
 
-from node.gossip import GossipConfig, GossipError, read_status
-from node.gossip.peer import GossipNode, check_port_free, dialable_addrs
+from node.gossip import GossipConfig, GossipError, GossipNode, read_status
+from node.gossip.addresses import check_port_free, dialable_addrs
 from node.identity import Identity
 from node.ledger import Ledger
 from node.network import LedgerFacts

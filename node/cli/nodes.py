@@ -141,7 +141,7 @@ def join_cmd(
 
     Example: swarm join --bootstrap /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --profile cpu
     """
-    from node.gossip.peer import check_port_free
+    from node.gossip.addresses import check_port_free
     from node.home import resolve_home
     from node.node import NodeConfig, run_node
 

@@ -64,7 +64,7 @@ def bootstrap_addrs(values: list[str]) -> list[str]:
     names the first one that is not."""
     from libp2p.peer.peerinfo import info_from_p2p_addr
 
-    from node.gossip.peer import GossipError, parse_multiaddr
+    from node.gossip.addresses import GossipError, parse_multiaddr
 
     for value in values:
         try:

@@ -8,6 +8,8 @@ The face: `GossipConfig`, `GossipNode`, `Facts`, `run_peer(transport)` (blocks),
 
     peer.py       the transport: its host, topic, maintenance loops and status
     facts.py      the door to the node: `Facts`, and a verdict for each fact
+    addresses.py  the topic, multiaddrs, a port in use, why a dial failed, a host's release
+    admission.py  who may connect and open streams: gated handshakes, capped streams
     pubsub.py     GossipSub's Pubsub, charging the sender for junk, bad signatures and streams
     guards.py     patches of the library where it trusts a stranger's lengths and windows
     protocols.py  our own protocols: sync, peer exchange, fetch by hash
@@ -24,16 +26,10 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from node.gossip.addresses import GossipError, check_port_free, topic_for
 from node.gossip.facts import Facts, NoFacts, Verdict
 from node.gossip.limits import Limits
-from node.gossip.peer import (
-    STATUS_FILE,
-    GossipConfig,
-    GossipError,
-    GossipNode,
-    check_port_free,
-    topic_for,
-)
+from node.gossip.peer import STATUS_FILE, GossipConfig, GossipNode
 
 __all__ = [
     "Facts",
@@ -87,7 +83,7 @@ def fetch_blob(home: Path, peer_addr: str, sha256: str, timeout: float = 60.0) -
     import trio
 
     from node.gossip import protocols
-    from node.gossip.peer import parse_multiaddr
+    from node.gossip.addresses import parse_multiaddr
     from node.identity import load_identity
 
     peer = parse_multiaddr(peer_addr, need_peer_id=True).get_peer_id()

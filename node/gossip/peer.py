@@ -10,14 +10,11 @@ facts and address book. Trio stays inside this package.
 
 from __future__ import annotations
 
-import contextvars
 import json
 import logging
-import math
 import os
 import queue
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,12 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import multiaddr
 import trio
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
@@ -38,11 +33,19 @@ from libp2p.pubsub.score import ScoreParams
 from libp2p.tools.anyio_service import background_trio_service
 
 from node import wire
-from node.errors import SwarmError
-from node.gossip import frames, guards, protocols
+from node.gossip import admission, guards, protocols
+from node.gossip.addresses import (
+    GossipError,
+    bound_to,
+    dial_failure,
+    dialable_addrs,
+    parse_multiaddr,
+    release,
+    topic_for,
+)
 from node.gossip.facts import Facts, PeerStanding, Verdict
 from node.gossip.limits import HandshakeGate, Limits, PeerBook
-from node.gossip.pubsub import GuardedPubsub, origin_id
+from node.gossip.pubsub import GuardedPubsub, author_of, origin_of
 from node.identity import Identity, peer_id_from_public_key
 
 log = logging.getLogger("swarm.gossip")
@@ -63,64 +66,6 @@ _OFFENCES = (
 _MAX_STANDING_SHOWN = 64  # peers listed in the status file, silenced ones first
 
 
-class GossipError(SwarmError):
-    """A gossip setting that cannot work: a bad multiaddr, a port in use, a missing campaign."""
-
-
-def topic_for(campaign: str) -> str:
-    """The GossipSub topic that carries one campaign's facts."""
-    return f"/research-swarm/{campaign}/facts/1"
-
-
-def parse_multiaddr(text: str, need_peer_id: bool = False) -> multiaddr.Multiaddr:
-    try:
-        addr = multiaddr.Multiaddr(text)
-    except Exception as exc:
-        raise GossipError(
-            f"{text!r} is not a multiaddr ({exc}); e.g. /ip4/127.0.0.1/tcp/4001"
-        ) from None
-    if need_peer_id and "/p2p/" not in text:
-        raise GossipError(f"{text!r} lacks /p2p/<peer id>: copy the full address the peer printed")
-    return addr
-
-
-def check_port_free(listen: str) -> None:
-    """GossipError if another process listens on this TCP port. libp2p sets SO_REUSEPORT, so a
-    second node on the same port would silently take half of the first one's connections."""
-    addr = parse_multiaddr(listen)
-    try:
-        port = int(addr.value_for_protocol("tcp"))
-        ip = addr.value_for_protocol("ip4")
-    except Exception:
-        return  # not ip4/tcp: let libp2p judge it
-    if not port:
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((ip, port))
-        except OSError as exc:
-            raise GossipError(
-                f"cannot listen on {listen}: {exc.strerror}; pick another port"
-            ) from None
-
-
-def dialable_addrs(addrs: list[str], peer_id: str) -> list[str]:
-    """Full multiaddrs others can dial: 0.0.0.0 becomes loopback and this host's own IPv4s."""
-    ips = ["127.0.0.1"]
-    try:
-        ips += [ip for ip in socket.gethostbyname_ex(socket.gethostname())[2] if ip not in ips]
-    except OSError:
-        pass
-    out: list[str] = []
-    for addr in addrs:
-        base = addr.split("/p2p/")[0]
-        for concrete in ([base.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/") for ip in ips]
-                         if "/ip4/0.0.0.0/" in base else [base]):  # fmt: skip
-            if f"{concrete}/p2p/{peer_id}" not in out:
-                out.append(f"{concrete}/p2p/{peer_id}")
-    return out
-
-
 @dataclass
 class GossipConfig:
     """What a node needs to gossip: where to listen, whom to ask first, which campaign."""
@@ -130,81 +75,6 @@ class GossipConfig:
     bootstrap: list[str] = field(default_factory=list)
     campaign: str | None = None  # None: discovery and sync only (a bare bootstrap)
     limits: Limits = field(default_factory=Limits)
-
-
-def _origin(msg: Any) -> str:
-    origin = origin_id(msg)
-    return "?" if origin is None else origin.to_base58()
-
-
-def author_of(raw: Any) -> str | None:
-    """The peer id a message claims as its author, unchecked: enough to drop it, never to trust it."""
-    try:
-        envelope = msgpack.unpackb(bytes(raw), raw=False, strict_map_key=False, max_bin_len=1 << 20,
-                                   max_str_len=1 << 20, max_array_len=8192, max_map_len=8192)  # fmt: skip
-        author = envelope.get("author") if isinstance(envelope, dict) else None
-        if isinstance(author, bytes) and len(author) == 32:
-            return peer_id_from_public_key(author)
-    except Exception:
-        pass
-    return None
-
-
-# The inbound handshake running in this task, as a callback that ends it once authenticated.
-_HANDSHAKE: contextvars.ContextVar[Any] = contextvars.ContextVar("handshake", default=None)
-
-
-def _dial_failure(exc: BaseException) -> str:
-    """Why a dial failed, in a user's words: nothing there, or a peer other than the one named."""
-    seen, todo = [], [exc]
-    while todo:  # libp2p nests the causes in groups
-        e = todo.pop()
-        seen.append(str(e))
-        todo += [*getattr(e, "exceptions", ()), *([e.__cause__] if e.__cause__ else [])]
-    if any("upgrade security" in text or "handshake" in text for text in seen):
-        return "a peer answers there, but not with the peer id after /p2p/"
-    return "nothing answers there"
-
-
-def _remote_ip(conn: Any) -> str:
-    """The remote IP address of a raw or muxed connection, "?" if it has none."""
-    try:
-        return str(conn.get_remote_address()[0])
-    except Exception:
-        return "?"
-
-
-def _bound(listen: multiaddr.Multiaddr, bound: Any) -> multiaddr.Multiaddr:
-    """`listen` with the port the system gave it when it asked for port 0."""
-    try:
-        if int(listen.value_for_protocol("tcp")) != 0:
-            return listen
-        for addr in bound:
-            port = int(multiaddr.Multiaddr(str(addr).split("/p2p/")[0]).value_for_protocol("tcp"))
-            return multiaddr.Multiaddr(str(listen).replace("/tcp/0", f"/tcp/{port}", 1))
-    except Exception:
-        pass
-    return listen
-
-
-async def _release(host: Any) -> None:
-    """Close a finished host's listeners and connections. The library's own shutdown awaits
-    inside a cancelled scope and stops at its first await, leaving the listener open: the
-    printed address then accepted dials that went nowhere, and a host started on the same port
-    stacked a second listener beside it (SO_REUSEPORT)."""
-    network = host.get_network()
-    for listener in list(network.listeners.values()):
-        try:
-            await listener.close()
-        except Exception:
-            pass
-    network.listeners.clear()
-    for conns in list(network.connections.values()):
-        for conn in list(conns) if isinstance(conns, list) else [conns]:
-            try:
-                await conn.close()
-            except Exception:
-                pass
 
 
 class GossipNode:
@@ -281,8 +151,8 @@ class GossipNode:
         host = new_host(key_pair=create_new_key_pair(self.identity.seed), muxer_preference="YAMUX",
                         listen_addrs=[self.listen])  # fmt: skip
         network = host.get_network()
-        network.set_stream_handler(self._capped_streams(network.common_stream_handler))
-        network.upgrade_inbound_raw_conn = self._gated_handshakes(network)
+        network.set_stream_handler(admission.capped_streams(self, network.common_stream_handler))
+        network.upgrade_inbound_raw_conn = admission.gated_handshakes(self, network)
         router = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
             heartbeat_interval=1, adaptive_gossip_enabled=False, spam_protection_enabled=False,
@@ -303,7 +173,7 @@ class GossipNode:
             await self._serve(host, router, pubsub)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(10):
-                await _release(host)
+                await release(host)
 
     async def _serve(self, host: Any, router: Any, pubsub: Any) -> None:
         async with host.run(listen_addrs=[self.listen]), trio.open_nursery() as nursery:
@@ -312,7 +182,7 @@ class GossipNode:
                 if not self.addrs:
                     # A host that replaces a dead one listens where the first one did, so the
                     # address we printed stays the node's: pin a port the system picked.
-                    self.listen = _bound(self.listen, host.get_addrs())
+                    self.listen = bound_to(self.listen, host.get_addrs())
                 self.addrs = dialable_addrs([str(a) for a in host.get_addrs()], self.peer_id)
                 protocols.install(self, host)
                 if self.topic:
@@ -340,7 +210,7 @@ class GossipNode:
         if self.book.is_banned(peer):
             self.drop(peer, "after_ban")
             return False
-        origin = _origin(msg)
+        origin = origin_of(msg)
         if self.banned and (origin in self.banned or author_of(msg.data) in self.banned):
             # Neither stored nor forwarded; counted against its author, who lost standing, but
             # no penalty for the relay: the fact is valid.
@@ -422,98 +292,6 @@ class GossipNode:
             self._penalise(peer_id.to_base58(), self.limits.junk_penalty, "junk")
         else:  # maybe the library's own bug: a point, but not held against its standing
             self._penalise(peer_id.to_base58(), self.limits.invalid_penalty, "odd message")
-
-    def _capped_streams(self, handler: Any) -> Any:
-        """The host's handler of inbound streams, refusing those over `max_conn_streams` open
-        at once on one connection (0.8.1 has no such cap: one handshake bought 128 streams)."""
-        open_streams: dict[int, int] = {}  # id of a muxed connection -> its streams open now
-
-        async def run(stream: Any) -> None:
-            conn = stream.muxed_conn
-            key = id(conn)
-            if open_streams.get(key, 0) >= self.limits.max_conn_streams:
-                self.refuse_stream(conn.peer_id.to_base58())
-                await frames.reset(stream)
-                return
-            open_streams[key] = open_streams.get(key, 0) + 1
-            try:
-                await handler(stream)
-            finally:
-                open_streams[key] -= 1
-                if not open_streams[key]:
-                    del open_streams[key]
-
-        return run
-
-    def _gated_handshakes(self, network: Any) -> Any:
-        """The swarm's inbound handshake (Noise, then Yamux), refused when its address holds too
-        many connections or handshakes, cut after `handshake_seconds` or when `HandshakeGate`
-        makes room for a newcomer."""
-        upgrade, add_conn = network.upgrade_inbound_raw_conn, network.add_conn
-        scopes: dict[int, trio.CancelScope] = {}
-        cut_by_gate: set[int] = set()
-
-        async def add_authenticated(muxed_conn: Any, *args: Any, **kwargs: Any) -> Any:
-            # Noise and Yamux are done: no longer a pending handshake, never cut as one.
-            if (finish := _HANDSHAKE.get()) is not None:
-                finish()
-            return await add_conn(muxed_conn, *args, **kwargs)
-
-        network.add_conn = add_authenticated
-
-        def full(address: str, mine: Any = None) -> bool:
-            # The swarm lists a connection before its upgrade returns, in order: `mine` counts
-            # only those listed before it, so that of several at once the last ones go.
-            up = 0
-            for conn in network.get_connections():
-                if conn.muxed_conn is mine:
-                    break
-                up += _remote_ip(conn.muxed_conn) == address
-            if up < self.limits.max_conns_per_ip:
-                return False
-            self.counts["connections_refused"] += 1
-            return True
-
-        async def run(raw_conn: Any, maddr: Any) -> Any:
-            address = _remote_ip(raw_conn)
-            if full(address):  # before the handshake's cost, and again once it is done
-                raise SwarmException(f"{address} holds its share of connections already")
-            scope = trio.CancelScope(deadline=trio.current_time() + self.limits.handshake_seconds)
-            ticket = id(scope)
-            admitted, cut = self.gate.admit(ticket, address)
-            if not admitted:
-                self.counts["handshakes_refused"] += 1
-                raise SwarmException(f"{address} has too many inbound handshakes pending")
-            for old in cut:
-                self.counts["handshakes_cut"] += 1
-                if (old_scope := scopes.pop(old, None)) is not None:
-                    cut_by_gate.add(old)
-                    old_scope.cancel()
-            scopes[ticket] = scope
-
-            def finish() -> None:
-                scope.deadline = math.inf
-                scopes.pop(ticket, None)
-                self.gate.done(ticket)
-
-            token = _HANDSHAKE.set(finish)
-            try:
-                with scope:
-                    muxed = await upgrade(raw_conn, maddr)
-                    if not full(address, mine=muxed):
-                        return muxed
-                    await muxed.close()
-                    raise SwarmException(f"{address} holds its share of connections already")
-            finally:
-                _HANDSHAKE.reset(token)
-                finish()
-            if ticket in cut_by_gate:  # counted as cut when it was
-                cut_by_gate.discard(ticket)
-            else:
-                self.counts["handshakes_timed_out"] += 1
-            raise SwarmException(f"inbound handshake from {address} cut short")
-
-        return run
 
     def _on_oversized_frame(self, peer_id: ID) -> None:
         self._on_junk(peer_id, ValueError("a GossipSub frame over the size limit"))
@@ -647,7 +425,7 @@ class GossipNode:
             self.book.dialed(peer, ok=False)
             if peer in self.bootstraps and self.reached.get(peer, True):
                 self.reached[peer] = False  # said once, until it connects
-                why = _dial_failure(exc)
+                why = dial_failure(exc)
                 self.say(f"cannot reach the bootstrap {self.bootstraps[peer]}: {why}; retrying "
                          "(check the address, and that the bootstrap runs)")  # fmt: skip
         finally:

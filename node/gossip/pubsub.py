@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 from libp2p.peer.id import ID
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 
 from node.gossip.frames import reset
+from node.identity import peer_id_from_public_key
 
 
 def origin_id(msg: Any) -> ID | None:
@@ -20,6 +22,25 @@ def origin_id(msg: Any) -> ID | None:
         return ID(msg.from_id)
     except Exception:
         return None
+
+
+def origin_of(msg: Any) -> str:
+    """The peer id of a message's origin as text, "?" when it names none."""
+    origin = origin_id(msg)
+    return "?" if origin is None else origin.to_base58()
+
+
+def author_of(raw: Any) -> str | None:
+    """The peer id a fact claims as its author, unchecked: enough to drop it, never to trust it."""
+    try:
+        envelope = msgpack.unpackb(bytes(raw), raw=False, strict_map_key=False, max_bin_len=1 << 20,
+                                   max_str_len=1 << 20, max_array_len=8192, max_map_len=8192)  # fmt: skip
+        author = envelope.get("author") if isinstance(envelope, dict) else None
+        if isinstance(author, bytes) and len(author) == 32:
+            return peer_id_from_public_key(author)
+    except Exception:
+        pass
+    return None
 
 
 def _signed(msg: Any) -> bool:
