@@ -54,8 +54,12 @@ def main() -> int:
     p.add_argument("--churn", type=float, default=0.0, help="leaves per node per hour")
     p.add_argument("--away", type=float, default=1.0, help="mean hours a leaver stays away")
     p.add_argument("--partition", type=_window, default=None, help="START:END hours, halves cut")
-    p.add_argument("--target-gain", type=float, default=land.TARGET_GAIN,
-                   help="true gain below the baseline to reach (bpb)")  # fmt: skip
+    p.add_argument("--target-gain", type=float, default=None,
+                   help="true gain below the baseline to reach (bpb); default: the landscape's "
+                        f"({land.TARGET_GAIN} on ideas, half the most it holds on the catalogue)")  # fmt: skip
+    p.add_argument("--landscape", choices=("ideas", "catalogue"), default="ideas",
+                   help="ideas on or off with a random proposer, or the real catalogue of "
+                        "changes with the real offline proposer")  # fmt: skip
     p.add_argument("--verify-every", type=int, default=4)
     p.add_argument("--no-baselines", action="store_true",
                    help="the swarm alone: no trusting swarm, no lone nodes")  # fmt: skip
@@ -76,6 +80,7 @@ def main() -> int:
         colluders=args.colluders, membership=args.membership, fast_hardware=args.fast_hardware,
         latency=args.latency, loss=args.loss, churn=args.churn, away_hours=args.away,
         partition=args.partition, target_gain=args.target_gain, verify_every=args.verify_every,
+        landscape=args.landscape,
     )  # fmt: skip
     seeds = range(args.seed, args.seed + args.seeds)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -122,8 +127,8 @@ def _text(out: dict) -> str:
 
     s = out["settings"]
     lines = [
-        f"{s['nodes']} nodes, quorum {s['quorum']}, {out['seeds']} seeds, target gain "
-        f"{s['target_gain']} bpb; liars {s['liars']}, colluders {s['colluders']:.0%}"
+        f"{s['nodes']} nodes, quorum {s['quorum']}, {out['seeds']} seeds, {s['landscape']} "
+        f"landscape, target gain {s['target_gain'] or 'its own'} bpb; liars {s['liars']}, colluders {s['colluders']:.0%}"
         f"{' (members listed)' if s['membership'] else ''}, fast hardware {s['fast_hardware']:.0%}",
         f"  median hours to the target: {hours(out['median_hours'])} "
         f"({out['seeds_reaching_target']} of {out['seeds']} seeds reached it)",

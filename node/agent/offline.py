@@ -92,11 +92,10 @@ def _values(value: ast.expr, profile: str | None) -> list[tuple[str, ast.expr]]:
     return [("", value)]
 
 
-def hyperparameter_steps(source: str, profile: str | None = None) -> list[_Step]:
-    """One step per CAPITAL numeric constant (or tuple element) of train.py and neighbour value;
-    of a constant set per profile (`a if GPU else b`), the value `profile` runs (`_values`)."""
-    lines = source.split("\n")
-    out: list[_Step] = []
+def _constants_of(source: str, profile: str | None) -> Iterator[tuple[str, str, ast.Constant]]:
+    """(the step's name for it, the constant's name, its node) for each CAPITAL numeric constant
+    (or tuple element) of train.py on one line; of one set per profile (`a if GPU else b`), the
+    value `profile` runs (`_values`)."""
     for stmt in policy.parse(source).body:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
             continue
@@ -110,22 +109,37 @@ def hyperparameter_steps(source: str, profile: str | None = None) -> list[_Step]
             value = getattr(node, "value", None)
             if not isinstance(node, ast.Constant) or type(value) not in (int, float):
                 continue
-            if node.lineno != node.end_lineno:
+            if node.lineno == node.end_lineno:
+                yield target.id + part, target.id, node
+
+
+def hyperparameter_steps(source: str, profile: str | None = None) -> list[_Step]:
+    """One step per CAPITAL numeric constant (or tuple element) of train.py and neighbour value
+    (`_constants_of`)."""
+    lines = source.split("\n")
+    out: list[_Step] = []
+    for name, constant, node in _constants_of(source, profile):
+        raw = lines[node.lineno - 1].encode()  # ast's columns count UTF-8 bytes
+        old_text = raw[node.col_offset : node.end_col_offset].decode()
+        for new in _steps(node.value):
+            text = str(new) if isinstance(new, int) else _fmt(new)
+            if text == old_text:
                 continue
-            name = target.id + part
-            raw = lines[node.lineno - 1].encode()  # ast's columns count UTF-8 bytes
-            old_text = raw[node.col_offset : node.end_col_offset].decode()
-            for new in _steps(value):
-                text = str(new) if isinstance(new, int) else _fmt(new)
-                if text == old_text:
-                    continue
-                new_line = (
-                    raw[: node.col_offset] + text.encode() + raw[node.end_col_offset :]
-                ).decode()
-                out.append(
-                    _Step(f"{name} {old_text} -> {text}", node.lineno - 1, target.id, new_line)
-                )
+            new_line = (
+                raw[: node.col_offset] + text.encode() + raw[node.end_col_offset :]
+            ).decode()
+            out.append(_Step(f"{name} {old_text} -> {text}", node.lineno - 1, constant, new_line))
     return out
+
+
+def constant_values(source: str, profile: str) -> dict[str, float]:
+    """What the steps move, by the name they give it: each constant's value (`_constants_of`)
+    and each entry of the profile's row of the model-size table (`NAME@profile`)."""
+    values = {name: float(node.value) for name, _, node in _constants_of(source, profile)}
+    for _, names, row in _rows_of(source, profile):
+        values |= {f"{n}@{profile}": float(e.value) for n, e in zip(names, row, strict=True)
+                   if n and isinstance(e, ast.Constant) and type(e.value) is int}  # fmt: skip
+    return values
 
 
 def _row_steps(name: str, row: dict[str, int]) -> list[int]:
@@ -140,11 +154,9 @@ def _row_steps(name: str, row: dict[str, int]) -> list[int]:
     return [v for v in (value - 1, value + 1) if v >= 1]
 
 
-def profile_steps(source: str, profile: str) -> list[_Step]:
-    """Steps of the model size and batch in `profile`'s row of the table at the top of train.py
-    (`DEPTH, MODEL_DIM, ... = {"gpu": (...), ...}[S.profile_name]`)."""
-    lines = source.split("\n")
-    out: list[_Step] = []
+def _rows_of(source: str, profile: str) -> Iterator[tuple[ast.Assign, list[str], list[ast.expr]]]:
+    """(the statement, its names, `profile`'s row) of each model-size table at the top of
+    train.py (`DEPTH, MODEL_DIM, ... = {"gpu": (...), ...}[S.profile_name]`)."""
     for stmt in policy.parse(source).body:
         if not (
             isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple)
@@ -153,25 +165,32 @@ def profile_steps(source: str, profile: str) -> list[_Step]:
             continue
         names = [t.id if isinstance(t, ast.Name) else "" for t in stmt.targets[0].elts]
         for key, row in zip(stmt.value.value.keys, stmt.value.value.values, strict=True):
-            if not (
+            if (
                 isinstance(key, ast.Constant) and key.value == profile
                 and isinstance(row, ast.Tuple) and len(row.elts) == len(names)
             ):  # fmt: skip
-                continue
-            ints = {
-                n: e for n, e in zip(names, row.elts, strict=True)
-                if n and isinstance(e, ast.Constant) and type(e.value) is int
-                and e.lineno == e.end_lineno
-            }  # fmt: skip
-            values = {n: e.value for n, e in ints.items()}
-            for name, node in ints.items():
-                raw = lines[node.lineno - 1].encode()
-                for new in _row_steps(name, values):
-                    new_line = (
-                        raw[: node.col_offset] + str(new).encode() + raw[node.end_col_offset :]
-                    ).decode()
-                    description = f"{name} {node.value} -> {new} on the {profile} profile"
-                    out.append(_Step(description, node.lineno - 1, f"row:{profile}", new_line))
+                yield stmt, names, row.elts
+
+
+def profile_steps(source: str, profile: str) -> list[_Step]:
+    """Steps of the model size and batch in `profile`'s row of the table at the top of train.py."""
+    lines = source.split("\n")
+    out: list[_Step] = []
+    for _, names, row in _rows_of(source, profile):
+        ints = {
+            n: e for n, e in zip(names, row, strict=True)
+            if n and isinstance(e, ast.Constant) and type(e.value) is int
+            and e.lineno == e.end_lineno
+        }  # fmt: skip
+        values = {n: e.value for n, e in ints.items()}
+        for name, node in ints.items():
+            raw = lines[node.lineno - 1].encode()
+            for new in _row_steps(name, values):
+                new_line = (
+                    raw[: node.col_offset] + str(new).encode() + raw[node.end_col_offset :]
+                ).decode()
+                description = f"{name} {node.value} -> {new} on the {profile} profile"
+                out.append(_Step(description, node.lineno - 1, f"row:{profile}", new_line))
     return out
 
 

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from node.agent.errors import ProposalRefused
+from node.agent.patch import diff_hash, make_diff, normalise_diff
+from node.agent.proposers import Context, Proposal
 from node.trainer.profiles import get_profile
 
 PROFILE = get_profile("gpu")  # the profile the simulated nodes research on
@@ -70,6 +73,34 @@ class Landscape:
             pairs[(j, k)] = float(rng.normal(0.0, INTERACTION_SD))
         object.__setattr__(self, "pairs", pairs)
 
+    # What the simulation asks of a landscape (`catalogue.CatalogueLandscape` answers the same):
+    # versions are train.py texts.
+
+    @property
+    def baseline(self) -> str:
+        return BASELINE_SOURCE
+
+    def bpb(self, text: str) -> float:
+        """The noise-free val_bpb of a version."""
+        return self.true_bpb(parse(text))
+
+    def run(self, text: str, seed: int, rng: np.random.Generator) -> float:
+        """One run's val_bpb on `seed`."""
+        return self.measure(parse(text), seed, rng)
+
+    def target_gain(self) -> float:
+        return TARGET_GAIN
+
+    def proposer(self, rng: np.random.Generator, name: str) -> SimProposer:
+        return SimProposer(rng)
+
+    def mild(self, text: str, rng: np.random.Generator, harm: float) -> list[tuple[str, str]]:
+        """Changes of `text` (of 64 ideas drawn) that cost at most `harm` and gain nothing."""
+        parent, base = parse(text), self.bpb(text)
+        ideas = [k for k in rng.choice(IDEAS, 64, replace=False).tolist() if k not in parent]
+        return [(f"idea {k} on", source(parent | {k})) for k in ideas
+                if 0 <= self.true_bpb(parent | {k}) - base <= harm]  # fmt: skip
+
     def true_bpb(self, ideas: frozenset[int]) -> float:
         """The noise-free val_bpb of a version: the baseline's, less the gains of its ideas,
         plus their interactions."""
@@ -119,6 +150,27 @@ def parse(text: str) -> frozenset[int]:
 def version(ideas: frozenset[int]) -> str:
     """sha256 of the version's canonical train.py text."""
     return hashlib.sha256(source(ideas).encode()).hexdigest()
+
+
+class SimProposer:
+    """A proposer over the ideas: turn one idea on or off, never a change already tried on the
+    parent (by this node or a peer: the context's tried hashes)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.tried: dict[str, set[int]] = {}  # parent -> ideas known tried on it
+
+    def propose(self, context: Context) -> Proposal:
+        ideas = parse(context.train_py)
+        tried, known = context.tried_hashes, self.tried.setdefault(context.parent, set())
+        for k in self.rng.permutation(IDEAS).tolist():
+            if k in known:
+                continue
+            known.add(k)
+            text = source(ideas ^ {k})
+            if diff_hash(normalise_diff(make_diff(context.train_py, text))) not in tried:
+                return Proposal(f"idea {k} {'off' if k in ideas else 'on'}", text)
+        raise ProposalRefused("every idea was tried on this parent")
 
 
 def run_seconds(rng: np.random.Generator, speed: float = 1.0) -> float:

@@ -1,6 +1,7 @@
 """The simulated nodes. An honest node is the real `Researcher` on a real in-memory `Ledger`,
-given a surrogate trainer (`landscape`) for its runs and a proposer that turns one idea on or
-off: its research step, verification, adoption, re-scores and audits are the product's own.
+given a surrogate trainer for its runs and the landscape's proposer (`landscape.py`'s turns one
+idea on or off; on `catalogue.py`'s it is the product's offline proposer): its research step,
+verification, adoption, re-scores and audits are the product's own.
 
 Adversaries: a liar is an honest node that signs its own children's scores lower than it
 measured; a colluder runs nothing, claims a child of no real gain on the one seed of many that
@@ -16,9 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from node import consensus, evidence, wire
-from node.agent.errors import ProposalRefused
 from node.agent.loop import Head, Step, research_step
-from node.agent.patch import diff_hash, make_diff, normalise_diff
+from node.agent.patch import make_diff, normalise_diff
 from node.agent.proposers import Context, Proposal
 from node.agent.researcher import Researcher
 from node.evidence import Judgement
@@ -38,27 +38,6 @@ FAST_SPEED = 1.5  # the fast device class runs this many times as many experimen
 COLLUDER_TRIES = 20  # seeds a colluder tries to find the one that flatters its child most
 COLLUDER_HARM = 0.001  # bpb: a colluder's child is worse than its parent by at most this much
 MADE_UP_GAIN = 0.004  # bpb: the gain a colluder's made-up look shows (or, framing, the loss)
-
-
-class SimProposer:
-    """A proposer over the surrogate: turn one idea on or off, never a change already tried on
-    the parent (by this node or a peer: the context's tried hashes)."""
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-        self.tried: dict[str, set[int]] = {}  # parent -> ideas known tried on it
-
-    def propose(self, context: Context) -> Proposal:
-        ideas = land.parse(context.train_py)
-        tried, known = context.tried_hashes, self.tried.setdefault(context.parent, set())
-        for k in self.rng.permutation(land.IDEAS).tolist():
-            if k in known:
-                continue
-            known.add(k)
-            text = land.source(ideas ^ {k})
-            if diff_hash(normalise_diff(make_diff(context.train_py, text))) not in tried:
-                return Proposal(f"idea {k} {'off' if k in ideas else 'on'}", text)
-        raise ProposalRefused("every idea was tried on this parent")
 
 
 class KeepIfLower(Researcher):
@@ -102,14 +81,14 @@ class SimNode:
         self.rng = np.random.default_rng([s.seed, index, 1])
         self.ledger = Ledger(":memory:", campaign=CAMPAIGN, clock=sim.clock_ms)
         self.ledger.set_terms(sim.terms)
-        self.ledger.add_version(land.BASELINE_SOURCE.encode())
+        self.ledger.add_version(sim.landscape.baseline.encode())
         self.rejected = 0
         self.token = 0  # bumped when the node leaves: a pending resume of the old life is void
-        self.proposer = SimProposer(self.rng)
+        self.proposer = sim.landscape.proposer(self.rng, f"{s.seed}:{index}")
         kind = {"keep-if-lower": KeepIfLower, "trusting": Trusting}.get(s.rule, Researcher)
         work = Path(sim.work_dir) / f"node{index}"
         self.researcher = kind(
-            self.ledger, self.me, self.proposer, land.PROFILE, None, work, land.BASELINE_SOURCE,
+            self.ledger, self.me, self.proposer, land.PROFILE, None, work, sim.landscape.baseline,
             quorum=s.quorum, verify_every=0 if s.rule == "trusting" else s.verify_every,
             check=None, publish=self._publish, run=self._run,
         )  # fmt: skip
@@ -141,8 +120,7 @@ class SimNode:
         text = Path(script).read_text()
         self.sim.clock += land.run_seconds(self.rng, self.speed)
         self.sim.count_run(self, text)
-        ideas = land.parse(text)
-        bpb = self.sim.landscape.measure(ideas, seed, self.rng) + (FAST_OFFSET if self.fast else 0)
+        bpb = self.sim.landscape.run(text, seed, self.rng) + (FAST_OFFSET if self.fast else 0)
         version = hashlib.sha256(text.encode()).hexdigest()
         if self.role == "liar" and version in self.proposed:
             bpb -= LIE
@@ -192,22 +170,20 @@ class SimNode:
         it with made-up looks, and refute every honest claim seen since the last turn."""
         self.sim.clock += land.run_seconds(self.rng, self.speed)
         head = self.researcher.best_head()
-        parent = land.parse((self.ledger.version(head) or land.BASELINE_SOURCE.encode()).decode())
-        base = self.sim.landscape.true_bpb(parent)
-        mild = [k for k in self.rng.choice(land.IDEAS, 64, replace=False).tolist() if k not in parent
-                and 0 <= self.sim.landscape.true_bpb(parent | {k}) - base <= COLLUDER_HARM]  # fmt: skip
+        world = self.sim.landscape
+        parent = (self.ledger.version(head) or world.baseline.encode()).decode()
+        mild = world.mild(parent, self.rng, COLLUDER_HARM)
         if mild:
-            child = parent | {int(self.rng.choice(mild))}
+            description, text = mild[int(self.rng.integers(len(mild)))]
             seeds = self.rng.integers(0, 2**31, COLLUDER_TRIES).tolist()
-            runs = [(self.sim.landscape.measure(child, s, self.rng),
-                     self.sim.landscape.measure(parent, s, self.rng), s) for s in seeds]  # fmt: skip
+            runs = [(world.run(text, s, self.rng), world.run(parent, s, self.rng), s)
+                    for s in seeds]  # fmt: skip
             c, p, seed = min(runs, key=lambda r: r[0] - r[1])
-            text = land.source(child)
             self.ledger.add_version(text.encode())
-            diff = normalise_diff(make_diff(land.source(parent), text))
+            diff = normalise_diff(make_diff(parent, text))
             body = wire.result_body(
-                parent=head, child=land.version(child), diff=diff.encode(),
-                description=f"idea {sorted(child - parent)[0]} on", profile=land.PROFILE.name,
+                parent=head, child=hashlib.sha256(text.encode()).hexdigest(), diff=diff.encode(),
+                description=description, profile=land.PROFILE.name,
                 harness=HARNESS, seed=seed, outcome="keep",
                 metrics={"val_bpb": c, "steps": 1000, "tokens": land.PROFILE.budget_tokens,
                          "train_seconds": land.RUN_SECONDS - 60, "total_seconds": land.RUN_SECONDS},

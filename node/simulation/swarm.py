@@ -12,6 +12,7 @@ sleeps, and reads the wall clock only for the progress line.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import tempfile
@@ -24,6 +25,7 @@ import numpy as np
 from node import consensus, wire
 from node.agent.adoption import BUNDLE_PREFIX, MERGE_PREFIX
 from node.simulation import landscape as land
+from node.simulation.catalogue import CatalogueLandscape
 from node.simulation.network import FactStore, Transport, head_size
 from node.simulation.nodes import CAMPAIGN, HARNESS, SimNode
 
@@ -33,6 +35,7 @@ ENTRY_BYTES = 39  # one author's entry in a sync request: a 32-byte key and a se
 IDLE_SECONDS = 30.0  # a step that ran nothing (nothing to propose): the agent's turn
 STUCK_HOURS = 24.0  # research ends after this long without a new fact: nobody has an idea left
 RULES = ("swarm", "trusting", "keep-if-lower")
+LANDSCAPES = {"ideas": land.Landscape, "catalogue": CatalogueLandscape}
 ADVERSARIES = ("liar", "colluder")
 
 
@@ -64,7 +67,8 @@ class Settings:
     churn: float = 0.0
     away_hours: float = 1.0
     partition: tuple[float, float] | None = None
-    target_gain: float = land.TARGET_GAIN
+    target_gain: float | None = None  # None: the landscape's own (`target_gain()`)
+    landscape: str = "ideas"  # "ideas" (landscape.py) or "catalogue" (the real proposer's)
     verify_every: int = 4
     sync_every: float = 30.0
     stop_at_target: bool = True
@@ -80,7 +84,12 @@ class Simulation:
         if s.rule not in RULES:
             raise ValueError(f"rule must be one of {', '.join(RULES)}, not {s.rule!r}")
         self.rng = np.random.default_rng([s.seed, 0])
-        self.landscape = land.Landscape(s.seed)
+        if s.landscape not in LANDSCAPES:
+            raise ValueError(
+                f"landscape must be one of {', '.join(LANDSCAPES)}, not {s.landscape!r}"
+            )
+        self.landscape = LANDSCAPES[s.landscape](s.seed)
+        self.target_gain = self.landscape.target_gain() if s.target_gain is None else s.target_gain
         self.clock = 0.0  # virtual seconds: the event's time, advanced by the runs of a step
         self.now = 0.0  # the time of the event being handled
         self.store = FactStore(s.nodes)
@@ -100,7 +109,7 @@ class Simulation:
         fast = set(
             self.rng.choice(s.nodes, round(s.fast_hardware * s.nodes), replace=False).tolist()
         )
-        self.baseline = land.version(frozenset())
+        self.baseline = hashlib.sha256(self.landscape.baseline.encode()).hexdigest()
         members = [SimNode.identity(s.seed, i).peer_id for i in range(s.nodes)]
         self.terms = {"name": CAMPAIGN, "baseline": self.baseline, "quorum": s.quorum,
                       "members": members if s.membership else None}  # fmt: skip
@@ -112,7 +121,7 @@ class Simulation:
         self.role_of = {n.peer_id: n.role for n in self.nodes}
         self.fast_of = {n.peer_id: n.fast for n in self.nodes}
         self.honest = [n for n in self.nodes if n.role == "honest"]
-        self.sources: dict[str, bytes] = {self.baseline: land.BASELINE_SOURCE.encode()}
+        self.sources: dict[str, bytes] = {self.baseline: self.landscape.baseline.encode()}
         # version -> the kept result that made it: the first honest one, else the first
         self.made_by: dict[str, dict] = {}
         self.head_bytes = head_size(s.nodes)
@@ -227,10 +236,10 @@ class Simulation:
             self.t_local = self.clock
 
     def true_bpb(self, version: str) -> float:
-        return self.landscape.true_bpb(land.parse(self.sources[version].decode()))
+        return self.landscape.bpb(self.sources[version].decode())
 
     def _at_target(self, version: str) -> bool:
-        return self.true_bpb(version) <= land.BASELINE_BPB - self.settings.target_gain
+        return self.true_bpb(version) <= land.BASELINE_BPB - self.target_gain
 
     def _sync(self, i: int) -> None:
         """Anti-entropy with one random reachable peer: each sends its head and gets the facts it
