@@ -60,6 +60,9 @@ def main() -> int:
     p.add_argument("--landscape", choices=("ideas", "catalogue"), default="ideas",
                    help="ideas on or off with a random proposer, or the real catalogue of "
                         "changes with the real offline proposer")  # fmt: skip
+    p.add_argument("--proposer", choices=("learning", "fixed"), default="learning",
+                   help="on the catalogue: the offline proposer as it is, or its catalogue in "
+                        "its seeded order alone, blind to the evidence")  # fmt: skip
     p.add_argument("--verify-every", type=int, default=4)
     p.add_argument("--no-baselines", action="store_true",
                    help="the swarm alone: no trusting swarm, no lone nodes")  # fmt: skip
@@ -80,7 +83,7 @@ def main() -> int:
         colluders=args.colluders, membership=args.membership, fast_hardware=args.fast_hardware,
         latency=args.latency, loss=args.loss, churn=args.churn, away_hours=args.away,
         partition=args.partition, target_gain=args.target_gain, verify_every=args.verify_every,
-        landscape=args.landscape,
+        landscape=args.landscape, proposer=args.proposer,
     )  # fmt: skip
     seeds = range(args.seed, args.seed + args.seeds)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731

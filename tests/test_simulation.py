@@ -209,3 +209,27 @@ def test_a_swarm_on_the_catalogue_runs_the_real_offline_proposer_and_reaches_its
     assert len(research) > 30
     assert summary["hours_to_target"] is not None and summary["all_agree"], summary
     assert summary["final_head_gain"] >= sim.target_gain > 0
+
+
+def test_the_fixed_list_walks_the_catalogue_blind_where_the_offline_proposer_learns():
+    """The comparison's proposer: the same catalogue in its seeded order, whatever the evidence
+    says; the product's proposer tries first the move a measured step favours."""
+    from node.agent.offline import OfflineProposer
+    from node.agent.patch import change_hash
+    from node.agent.proposers import Attempt, Context
+    from node.simulation.catalogue import BASELINE, FixedList
+
+    order = [d for d, _ in FixedList(seed="n").candidates(BASELINE, "gpu")]
+    up = {"MATRIX_LR 0.04 -> 0.056", "MATRIX_LR 0.04 -> 0.08"}
+    assert min(order.index(d) for d in up) > 2  # far down the blind order
+    texts = dict(FixedList(seed="n").candidates(BASELINE, "gpu"))
+    # the step down of MATRIX_LR measured worse on two seeds: up is the way
+    down = "MATRIX_LR 0.04 -> 0.028"
+    seen = Attempt(
+        down, "discard", 0.004, change_hash(BASELINE, texts[down]), paired=(0.004, 0.004)
+    )
+    context = Context(train_py=BASELINE, profile="gpu", history=(seen,))
+    blind = FixedList(seed="n").propose(context).description
+    learning = OfflineProposer(seed="n").propose(context).description
+    assert blind == next(d for d in order if d != down)
+    assert learning in up and blind not in up

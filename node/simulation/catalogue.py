@@ -21,11 +21,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from node.agent.offline import KNOWN_EDITS, OfflineProposer, constant_values
+from node.agent.proposers import Context
 from node.simulation import landscape as land
 from node.trainer import BASELINE_TRAIN_PY
 
@@ -130,9 +132,10 @@ class CatalogueLandscape:
     def target_gain(self) -> float:
         return TARGET_SHARE * self.most()
 
-    def proposer(self, rng: np.random.Generator, name: str) -> OfflineProposer:
-        """The node's proposer: the product's offline proposer, seeded per node."""
-        return OfflineProposer(seed=name)
+    def proposer(self, rng: np.random.Generator, name: str, fixed: bool = False) -> OfflineProposer:
+        """The node's proposer: the product's offline proposer, seeded per node; `fixed`: the
+        same catalogue walked in its seeded order alone (`FixedList`), for comparison."""
+        return (FixedList if fixed else OfflineProposer)(seed=name)
 
     def mild(self, text: str, rng: np.random.Generator, harm: float) -> list[tuple[str, str]]:
         """Changes of `text` from the catalogue that cost at most `harm` and gain nothing."""
@@ -141,6 +144,14 @@ class CatalogueLandscape:
         picked = rng.choice(len(candidates), min(64, len(candidates)), replace=False).tolist()
         return [candidates[i] for i in picked
                 if 0 <= self.bpb(candidates[i][1]) - base <= harm]  # fmt: skip
+
+
+class FixedList(OfflineProposer):
+    """The offline proposer without what it learns: its catalogue in its seeded order, single
+    changes first, blind to the swarm's evidence and to its peers' shares."""
+
+    def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
+        return self.candidates(context.train_py, context.profile)
 
 
 def calibration(seeds: range = range(32)) -> dict:

@@ -91,8 +91,8 @@ class Landscape:
     def target_gain(self) -> float:
         return TARGET_GAIN
 
-    def proposer(self, rng: np.random.Generator, name: str) -> SimProposer:
-        return SimProposer(rng)
+    def proposer(self, rng: np.random.Generator, name: str, fixed: bool = False) -> SimProposer:
+        return SimProposer(rng)  # a random order: it learns nothing either way
 
     def mild(self, text: str, rng: np.random.Generator, harm: float) -> list[tuple[str, str]]:
         """Changes of `text` (of 64 ideas drawn) that cost at most `harm` and gain nothing."""

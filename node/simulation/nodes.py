@@ -84,7 +84,7 @@ class SimNode:
         self.ledger.add_version(sim.landscape.baseline.encode())
         self.rejected = 0
         self.token = 0  # bumped when the node leaves: a pending resume of the old life is void
-        self.proposer = sim.landscape.proposer(self.rng, f"{s.seed}:{index}")
+        self.proposer = sim.landscape.proposer(self.rng, f"{s.seed}:{index}", s.proposer == "fixed")
         kind = {"keep-if-lower": KeepIfLower, "trusting": Trusting}.get(s.rule, Researcher)
         work = Path(sim.work_dir) / f"node{index}"
         self.researcher = kind(

@@ -69,6 +69,7 @@ class Settings:
     partition: tuple[float, float] | None = None
     target_gain: float | None = None  # None: the landscape's own (`target_gain()`)
     landscape: str = "ideas"  # "ideas" (landscape.py) or "catalogue" (the real proposer's)
+    proposer: str = "learning"  # on the catalogue, "fixed": its seeded order alone
     verify_every: int = 4
     sync_every: float = 30.0
     stop_at_target: bool = True
@@ -88,6 +89,8 @@ class Simulation:
             raise ValueError(
                 f"landscape must be one of {', '.join(LANDSCAPES)}, not {s.landscape!r}"
             )
+        if s.proposer not in ("learning", "fixed"):
+            raise ValueError(f"proposer must be learning or fixed, not {s.proposer!r}")
         self.landscape = LANDSCAPES[s.landscape](s.seed)
         self.target_gain = self.landscape.target_gain() if s.target_gain is None else s.target_gain
         self.clock = 0.0  # virtual seconds: the event's time, advanced by the runs of a step
