@@ -38,7 +38,8 @@ def _window(text: str) -> tuple[float, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=16)
+    p.add_argument("--nodes", type=int, nargs="+", default=[16],
+                   help="nodes in the swarm; several counts: each against the same lone nodes")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the first seed")
     p.add_argument("--seeds", type=int, default=8, help="run seeds SEED .. SEED+SEEDS-1")
     p.add_argument("--hours", type=float, default=200.0, help="virtual hours of research at most")
@@ -74,12 +75,12 @@ def main() -> int:
     args = p.parse_args()
     if args.calibrate:
         return _calibrate(args)
-    if args.nodes < 1 or args.quorum < 1 or args.seeds < 1 or not 0 <= args.colluders < 1:
+    if min(args.nodes) < 1 or args.quorum < 1 or args.seeds < 1 or not 0 <= args.colluders < 1:
         p.error("need --nodes, --quorum and --seeds >= 1, and 0 <= --colluders < 1")
-    if args.liars + round(args.colluders * args.nodes) >= args.nodes:
+    if any(args.liars + round(args.colluders * n) >= n for n in args.nodes):
         p.error("leave at least one honest node: fewer --liars or --colluders")
     settings = Settings(
-        nodes=args.nodes, hours=args.hours, quorum=args.quorum, liars=args.liars,
+        nodes=args.nodes[0], hours=args.hours, quorum=args.quorum, liars=args.liars,
         colluders=args.colluders, membership=args.membership, fast_hardware=args.fast_hardware,
         latency=args.latency, loss=args.loss, churn=args.churn, away_hours=args.away,
         partition=args.partition, target_gain=args.target_gain, verify_every=args.verify_every,
@@ -87,8 +88,12 @@ def main() -> int:
     )  # fmt: skip
     seeds = range(args.seed, args.seed + args.seeds)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    out = study(settings, seeds, args.workers, baselines=not args.no_baselines, progress=say)
-    print(json.dumps(out, indent=2) if args.json else _text(out))
+    out = study(settings, seeds, args.workers, baselines=not args.no_baselines, progress=say,
+                nodes=args.nodes)  # fmt: skip
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print("\n".join(_text(one) for one in out.get("by_nodes", {0: out}).values()))
     return 0
 
 

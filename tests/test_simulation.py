@@ -233,3 +233,24 @@ def test_the_fixed_list_walks_the_catalogue_blind_where_the_offline_proposer_lea
     learning = OfflineProposer(seed="n").propose(context).description
     assert blind == next(d for d in order if d != down)
     assert learning in up and blind not in up
+
+
+def test_a_study_of_several_swarm_sizes_runs_the_lone_nodes_once_and_reports_each_size():
+    from node.simulation.study import study
+
+    lines: list[str] = []
+    out = study(Settings(hours=40.0, target_gain=EASY), seeds=[0, 1], nodes=[1, 4],
+                progress=lines.append)  # fmt: skip
+    sizes = out["by_nodes"]
+    assert set(sizes) == {1, 4} and sizes[4]["settings"]["nodes"] == 4
+    assert len(lines) == 2 * (
+        2 + 2 + 2
+    )  # per seed: a swarm and its trusting twin of each size, two lone nodes
+    assert sum("lone_keep_if_lower" in line for line in lines) == 2
+    for figures_of in sizes.values():  # the same lone node behind both sizes' speed-ups
+        assert (
+            figures_of["lone_keep_if_lower_median_hours"]
+            == sizes[4]["lone_keep_if_lower_median_hours"]
+        )
+        assert figures_of["seeds_reaching_target"] == 2
+    assert sizes[4]["median_hours"] < sizes[1]["median_hours"]

@@ -40,26 +40,41 @@ def simulate(settings: Settings) -> dict:
 
 def study(
     settings: Settings, seeds: Sequence[int], workers: int = 1, baselines: bool = True,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, nodes: Sequence[int] | None = None,
 ) -> dict:  # fmt: skip
     """The swarm of `settings` on each seed, against its BASELINES (unless `baselines` is
-    False), in `workers` processes; the figures of docs/simulation.md."""
-    runs = {"swarm": {}}
-    tasks = [("swarm", seed, dataclasses.replace(settings, seed=seed)) for seed in seeds]
-    if baselines:
-        for name, change in BASELINES.items():
-            runs[name] = {}
-            tasks += [(name, seed, dataclasses.replace(settings, seed=seed, **change))
+    False), in `workers` processes; the figures of docs/simulation.md. With several counts of
+    `nodes`, the swarm (and its trusting twin) of each against the same lone nodes, run once:
+    {"by_nodes": {count: figures}}."""
+    counts = list(nodes or [settings.nodes])
+    lone = {k: v for k, v in BASELINES.items() if k != "trusting"} if baselines else {}
+    tasks = []
+    for count in counts:
+        tasks += [((count, "swarm"), seed, dataclasses.replace(settings, seed=seed, nodes=count))
+                  for seed in seeds]  # fmt: skip
+        if baselines:
+            tasks += [((count, "trusting"), seed,
+                       dataclasses.replace(settings, seed=seed, nodes=count, **BASELINES["trusting"]))
                       for seed in seeds]  # fmt: skip
+    for name, change in lone.items():
+        tasks += [((None, name), seed, dataclasses.replace(settings, seed=seed, **change))
+                  for seed in seeds]  # fmt: skip
+    runs: dict[tuple, dict[int, dict]] = {key: {} for key, _, _ in tasks}
     with ProcessPoolExecutor(max(1, workers)) as pool:
-        futures = [(name, seed, pool.submit(simulate, s)) for name, seed, s in tasks]
-        for done, (name, seed, future) in enumerate(futures, 1):
-            runs[name][seed] = future.result()
+        futures = [(key, seed, pool.submit(simulate, s)) for key, seed, s in tasks]
+        for done, ((count, name), seed, future) in enumerate(futures, 1):
+            runs[(count, name)][seed] = future.result()
             if progress is not None:
-                hours = runs[name][seed]["hours_to_target"]
-                progress(f"{done}/{len(futures)} {name} seed {seed}: "
+                hours = runs[(count, name)][seed]["hours_to_target"]
+                label = name if count is None or len(counts) == 1 else f"{name} of {count}"
+                progress(f"{done}/{len(futures)} {label} seed {seed}: "
                          f"{'not reached' if hours is None else f'{hours:.1f} h'}")  # fmt: skip
-    return figures(runs, seeds)
+    each = {
+        count: figures({name: by_seed for (c, name), by_seed in runs.items() if c in (count, None)},
+                       seeds)
+        for count in counts
+    }  # fmt: skip
+    return each[counts[0]] if len(counts) == 1 else {"by_nodes": each}
 
 
 def figures(runs: dict[str, dict[int, dict]], seeds: Sequence[int]) -> dict:
