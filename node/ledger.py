@@ -11,7 +11,7 @@ import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -451,64 +451,3 @@ class Ledger(LedgerQueries):
                 "UPDATE runs SET outcome = ?, fact_id = ? WHERE id = ?",
                 [(outcome, fact_id, i) for i in ids],
             )
-
-    # ------------------------------------------------------------ reading
-
-    def head_body(self) -> dict:
-        """This node's `head`: what it holds, for peers that want to know what they lack.
-
-        Per author it gives n such that it holds every fact with seq 1..n (`head_authors`).
-        """
-        ids = [r[0] for r in self.conn.execute("SELECT id FROM facts")]
-        best = {p: head for p in self.profiles() if (head := self.head(p)) != self.baseline()}
-        return wire.head_body(ids, self.holdings(), best)
-
-    def head_authors(self) -> dict[bytes, int]:
-        """Per author, the n such that this ledger holds every fact with seq 1..n: facts may
-        arrive out of order, and a peer must still send the ones below the highest that are
-        missing here. All that sync asks of a head, without the leaderboard's cost."""
-        return {key: held for key, (held, _) in self.holdings().items()}
-
-    def holdings(self) -> dict[bytes, tuple[int, int]]:
-        """Per author, (the n of `head_authors`, the highest seq held): what a head's bins
-        digest (`wire.head_bins`), so that facts held beyond a gap make a bin differ too."""
-        return {
-            bytes.fromhex(key): (held, highest)
-            for key, held, highest in self.conn.execute(
-                "SELECT p.public_key, CASE WHEN MIN(f.seq) > 1 THEN 0 "
-                "WHEN COUNT(*) = MAX(f.seq) THEN MAX(f.seq) "
-                "ELSE (SELECT MIN(g.seq) FROM facts g WHERE g.author = f.author AND NOT EXISTS "
-                "(SELECT 1 FROM facts h WHERE h.author = g.author AND h.seq = g.seq + 1)) END, "
-                "MAX(f.seq) FROM facts f JOIN peers p ON p.peer_id = f.author GROUP BY f.author "
-                # A head has room for MAX_HEAD_AUTHORS; past that, the most recently active.
-                "ORDER BY MAX(f.time) DESC LIMIT ?",
-                (wire.MAX_HEAD_AUTHORS,),
-            )
-        }
-
-    def facts_missing_from(
-        self, authors: Mapping[bytes, int], per_author: int | None = None,
-        bins: Collection[int] | None = None,
-    ) -> Iterator[bytes]:  # fmt: skip
-        """The raw facts a peer lacks, judged by its `authors` ({public key: the seq up to which
-        it holds everything}, as `head_authors` gives them): for each author, those above that
-        seq. Some may be held already (gaps): harmless. `bins`: only the authors of those head
-        bins (`wire.bin_of`), where the peer's entries are all given. `per_author` caps each
-        author's share, so that one author's many facts cannot crowd out the others' (the peer
-        asks again for the rest)."""
-        held = {peer_id_from_public_key(key): n for key, n in authors.items()}
-        rows = self.conn.execute(
-            "SELECT DISTINCT f.author, p.public_key FROM facts f "
-            "LEFT JOIN peers p ON p.peer_id = f.author"
-        ).fetchall()
-        wanted = None if bins is None else set(bins)
-        for author, key in rows:
-            if wanted is not None and (
-                key is None or wire.bin_of(bytes.fromhex(key)) not in wanted
-            ):
-                continue
-            facts = self.conn.execute(
-                "SELECT raw FROM facts WHERE author = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (author, held.get(author, 0), -1 if per_author is None else per_author),
-            )
-            yield from (raw for (raw,) in facts)
