@@ -7,11 +7,16 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 
+def utc(ms: int) -> datetime:
+    """A fact's time (ms since the epoch) as a datetime in UTC."""
+    return datetime.fromtimestamp(ms / 1000, timezone.utc)
+
+
 def when(ms: int | None) -> str:
     """A fact's time (ms since the epoch) in UTC, to the second; "-" when there is none."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc(ms).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def peer(peer_id: str | None) -> str:
@@ -24,3 +29,8 @@ def peer(peer_id: str | None) -> str:
 def bpb(value: float | None, signed: bool = False) -> str:
     """A val_bpb (or with `signed`, a change of one) to four decimals; "-" when there is none."""
     return "-" if value is None else (f"{value:+.4f}" if signed else f"{value:.4f}")
+
+
+def count(n: int, thing: str) -> str:
+    """ "1 thing", "2 things"."""
+    return f"{n} {thing}{'s' * (n != 1)}"

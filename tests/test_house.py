@@ -9,7 +9,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 500  # lines a module
 CEILINGS = {  # past the budget already: each one's size when its ceiling was set
     "node/local.py": 525,
-    "node/report.py": 558,
     "node/trainer/runner.py": 535,
     "node/wire.py": 621,
     "node/agent/researcher.py": 785,
