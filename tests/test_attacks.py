@@ -26,6 +26,7 @@ import pytest
 from node.trainer import BASELINE_TRAIN_PY, get_profile, harness_sha256, run_experiment
 from node.trainer import runner as runner_module
 from node.trainer import sandbox as sandbox_module
+from node.trainer import version as version_module
 from node.trainer.policy import check_source
 from node.trainer.sandbox import SANDBOX_UID_BASE, processes_of
 
@@ -622,12 +623,13 @@ def test_the_scorer_refuses_a_graph_that_reads_files_or_keeps_state(tmp_path):
 def test_the_harness_hash_covers_the_scorer_and_the_look_ahead_check(tmp_path, monkeypatch):
     # A copy of the trainer's files stands in for the real ones: an edit of any of the harness's
     # files changes the hash, an edit of the train.py agents edit does not.
-    for path in Path(runner_module.__file__).parent.glob("*.py"):
+    for path in Path(version_module.__file__).parent.glob("*.py"):
         shutil.copy(path, tmp_path / path.name)
     real = harness_sha256()
-    monkeypatch.setattr(runner_module, "__file__", str(tmp_path / "runner.py"))
+    monkeypatch.setattr(version_module, "__file__", str(tmp_path / "version.py"))
     assert harness_sha256() == real
-    for name in ("scorer.py", "causality.py", "harness.py", "runner.py", "train.py"):
+    names = ("scorer.py", "causality.py", "harness.py", "runner.py", "process.py", "version.py")
+    for name in (*names, "train.py"):
         source = (tmp_path / name).read_text()
         (tmp_path / name).write_text(source + "# an edit\n")
         assert (harness_sha256() == real) == (name == "train.py"), name

@@ -107,7 +107,7 @@ def run(
             highlight=False,
         )
     from node.trainer import get_profile
-    from node.trainer.runner import require_device
+    from node.trainer.device import require_device
 
     require_device(get_profile(profile))  # before fetching gigabytes of data for a GPU run
     home_dir, prof, tokens = prepare(profile, data, home)
