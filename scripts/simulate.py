@@ -136,7 +136,8 @@ def _text(out: dict) -> str:
     s = out["settings"]
     lines = [
         f"{s['nodes']} nodes, quorum {s['quorum']}, {out['seeds']} seeds, {s['landscape']} "
-        f"landscape, target gain {s['target_gain'] or 'its own'} bpb; liars {s['liars']}, colluders {s['colluders']:.0%}"
+        f"landscape, target gain {out['target_gain_median'] or s['target_gain']:.4f} bpb (median); "
+        f"liars {s['liars']}, colluders {s['colluders']:.0%}"
         f"{' (members listed)' if s['membership'] else ''}, fast hardware {s['fast_hardware']:.0%}",
         f"  median hours to the target: {hours(out['median_hours'])} "
         f"({out['seeds_reaching_target']} of {out['seeds']} seeds reached it)",

@@ -209,6 +209,7 @@ def test_a_swarm_on_the_catalogue_runs_the_real_offline_proposer_and_reaches_its
     assert len(research) > 30
     assert summary["hours_to_target"] is not None and summary["all_agree"], summary
     assert summary["final_head_gain"] >= sim.target_gain > 0
+    assert summary["target_gain"] == sim.target_gain == sim.landscape.target_gain()
 
 
 def test_the_fixed_list_walks_the_catalogue_blind_where_the_offline_proposer_learns():
@@ -253,4 +254,5 @@ def test_a_study_of_several_swarm_sizes_runs_the_lone_nodes_once_and_reports_eac
             == sizes[4]["lone_keep_if_lower_median_hours"]
         )
         assert figures_of["seeds_reaching_target"] == 2
+        assert figures_of["target_gain_median"] == EASY
     assert sizes[4]["median_hours"] < sizes[1]["median_hours"]

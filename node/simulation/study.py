@@ -119,6 +119,8 @@ def figures(runs: dict[str, dict[int, dict]], seeds: Sequence[int]) -> dict:
             r["fast_share_of_research_runs"] for r in swarm
         )
     out["final_head_gain"] = statistics.fmean(r["final_head_gain"] for r in swarm)
+    targets = [r["target_gain"] for r in swarm if r.get("target_gain") is not None]
+    out["target_gain_median"] = statistics.median(targets) if targets else None
     out["all_agree"] = sum(r["all_agree"] for r in swarm)
     out["runs_by_purpose"] = {k: sum(r["runs_by_purpose"][k] for r in swarm)
                               for k in swarm[0]["runs_by_purpose"]}  # fmt: skip

@@ -454,6 +454,7 @@ class Simulation:
             "research_hours": self.research_ended / 3600,
             "final_head": final,
             "final_head_gain": land.BASELINE_BPB - self.true_bpb(final),
+            "target_gain": self.target_gain,
             "lineage_steps": len(steps),
             "fakes_in_final_lineage": sum(r["id"] in self.fakes for r in steps),
             "false_steps_in_final_lineage": sum(g <= 0 for g in gains),
