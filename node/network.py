@@ -123,25 +123,18 @@ def _judge_peers(
 ) -> None:
     """Judge the peers again and again: the judgement reads the whole ledger, on a connection
     of its own, and a large ledger is judged less often."""
-    silenced: set[str] = set()
     with Ledger(path, campaign=config.campaign) as ledger:
         while True:
-            began = time.monotonic()
+            began, before = time.monotonic(), transport.silenced
             try:
                 judged = judge(ledger, transport)
                 transport.set_standing(judged)
-                silenced = _say_changes(judged, silenced)
+                for peer in sorted(transport.silenced - before):
+                    log.warning("%s lost standing: %s", peer, "; ".join(judged[peer].reasons))
+                for peer in sorted(before - transport.silenced):
+                    log.warning("%s regained standing", peer)
             except Exception as exc:  # a busy ledger: judge again next time
                 log.warning("standing not updated: %s", exc)
             took = time.monotonic() - began
             if ended.wait(max(config.limits.standing_every, 10 * took)):
                 return
-
-
-def _say_changes(judged: Mapping[str, standing.Standing], before: set[str]) -> set[str]:
-    now = standing.silenced(judged)
-    for peer in sorted(now - before):
-        log.warning("%s lost standing: %s", peer, "; ".join(judged[peer].reasons))
-    for peer in sorted(before - now):
-        log.warning("%s regained standing", peer)
-    return now

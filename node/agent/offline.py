@@ -136,9 +136,8 @@ def constant_values(source: str, profile: str) -> dict[str, float]:
     """What the steps move, by the name they give it: each constant's value (`_constants_of`)
     and each entry of the profile's row of the model-size table (`NAME@profile`)."""
     values = {name: float(node.value) for name, _, node in _constants_of(source, profile)}
-    for _, names, row in _rows_of(source, profile):
-        values |= {f"{n}@{profile}": float(e.value) for n, e in zip(names, row, strict=True)
-                   if n and isinstance(e, ast.Constant) and type(e.value) is int}  # fmt: skip
+    for names, row in _rows_of(source, profile):
+        values |= {f"{n}@{profile}": float(e.value) for n, e in _row_ints(names, row).items()}
     return values
 
 
@@ -154,9 +153,9 @@ def _row_steps(name: str, row: dict[str, int]) -> list[int]:
     return [v for v in (value - 1, value + 1) if v >= 1]
 
 
-def _rows_of(source: str, profile: str) -> Iterator[tuple[ast.Assign, list[str], list[ast.expr]]]:
-    """(the statement, its names, `profile`'s row) of each model-size table at the top of
-    train.py (`DEPTH, MODEL_DIM, ... = {"gpu": (...), ...}[S.profile_name]`)."""
+def _rows_of(source: str, profile: str) -> Iterator[tuple[list[str], list[ast.expr]]]:
+    """(its names, `profile`'s row) of each model-size table at the top of train.py
+    (`DEPTH, MODEL_DIM, ... = {"gpu": (...), ...}[S.profile_name]`)."""
     for stmt in policy.parse(source).body:
         if not (
             isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple)
@@ -169,19 +168,23 @@ def _rows_of(source: str, profile: str) -> Iterator[tuple[ast.Assign, list[str],
                 isinstance(key, ast.Constant) and key.value == profile
                 and isinstance(row, ast.Tuple) and len(row.elts) == len(names)
             ):  # fmt: skip
-                yield stmt, names, row.elts
+                yield names, row.elts
+
+
+def _row_ints(names: list[str], row: list[ast.expr]) -> dict[str, ast.Constant]:
+    """The entries of a row a step may change: named whole numbers on one line."""
+    return {
+        n: e for n, e in zip(names, row, strict=True)
+        if n and isinstance(e, ast.Constant) and type(e.value) is int and e.lineno == e.end_lineno
+    }  # fmt: skip
 
 
 def profile_steps(source: str, profile: str) -> list[_Step]:
     """Steps of the model size and batch in `profile`'s row of the table at the top of train.py."""
     lines = source.split("\n")
     out: list[_Step] = []
-    for _, names, row in _rows_of(source, profile):
-        ints = {
-            n: e for n, e in zip(names, row, strict=True)
-            if n and isinstance(e, ast.Constant) and type(e.value) is int
-            and e.lineno == e.end_lineno
-        }  # fmt: skip
+    for names, row in _rows_of(source, profile):
+        ints = _row_ints(names, row)
         values = {n: e.value for n, e in ints.items()}
         for name, node in ints.items():
             raw = lines[node.lineno - 1].encode()

@@ -76,7 +76,6 @@ class CatalogueLandscape:
 
     seed: int
     baseline: str = field(default=BASELINE, init=False)
-    names: tuple[str, ...] = field(init=False, repr=False)
     best: np.ndarray = field(init=False, repr=False)
     curve: np.ndarray = field(init=False, repr=False)
     edits: np.ndarray = field(init=False, repr=False)
@@ -101,7 +100,7 @@ class CatalogueLandscape:
         while len(pairs) < count:
             j, k = sorted(rng.choice(len(names), 2, replace=False).tolist())
             pairs[(j, k)] = float(rng.normal(0.0, INTERACTION_SD * sd))
-        for key, value in (("names", names), ("best", best), ("curve", curve * sd),
+        for key, value in (("best", best), ("curve", curve * sd),
                            ("edits", edits), ("pairs", pairs)):  # fmt: skip
             object.__setattr__(self, key, value)
 
