@@ -82,38 +82,6 @@ class LedgerQueries:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-    def paired_differences(
-        self, profile: str, harness: str | None = None
-    ) -> dict[tuple[str, str], list[float]]:
-        """{(parent, child): child minus parent on each seed} over this node's own paired runs
-        on `profile` (its experiments, verifications and replays): a child's run and a run of
-        its parent on the same seed, profile and harness (None: its latest run's harness). A
-        pair with a run made only because its first seed looked like a win is left out: the
-        spread of such pairs overstates the noise (the first seed was chosen for its luck)."""
-        if harness is None:
-            latest = self.rows(
-                "SELECT harness FROM runs WHERE profile = ? AND harness IS NOT NULL "
-                "ORDER BY id DESC LIMIT 1",
-                (profile,),
-            )
-            if not latest:
-                return {}
-            harness = latest[0]["harness"]
-        rows = self.rows(
-            "SELECT c.parent, c.child, c.seed, AVG(c.val_bpb) - AVG(p.val_bpb) AS diff "
-            "FROM runs c JOIN runs p ON p.child = c.parent AND p.parent = p.child "
-            "AND p.seed = c.seed AND p.profile = c.profile AND p.harness = c.harness "
-            "AND p.val_bpb IS NOT NULL WHERE c.parent != c.child AND c.profile = ? "
-            "AND c.harness = ? AND c.val_bpb IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs s "
-            "WHERE s.parent = c.parent AND s.child = c.child AND s.selected = 1) "
-            "GROUP BY c.parent, c.child, c.seed",
-            (profile, harness),
-        )
-        pairs: dict[tuple[str, str], list[float]] = {}
-        for r in rows:
-            pairs.setdefault((r["parent"], r["child"]), []).append(r["diff"])
-        return pairs
-
     def summary(self) -> dict:
         one = lambda sql: self.conn.execute(sql).fetchone()[0]  # noqa: E731
         return {

@@ -100,7 +100,7 @@ def _schema_4(db: sqlite_utils.Database) -> None:
     run says whether it was made because the run before it looked like a win."""
     db["claims"].add_column("contradicted", str)  # JSON list; NULL: nobody
     # A run made only because the run before it looked like a win: its pair's spread is no
-    # measure of the noise (`paired_differences`).
+    # measure of the noise (`noise.own_pairs`).
     db["runs"].add_column("selected", int)
     db.execute(
         "CREATE INDEX claims_contradicted ON claims (contradicted) WHERE contradicted IS NOT NULL"

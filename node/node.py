@@ -352,6 +352,7 @@ def _work(
                 compile_cache=compiled,
                 crew=crew,
                 say=lambda line: say(f"{time.strftime('%H:%M:%S')} worker {index}: {line}"),
+                calibrate=not config.bootstrap,  # alone: no peer's looks to learn its noise from
             )
             refusals = 0
             while not stop.is_set():

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from node import consensus
+from node import consensus, noise
 from node.agent.adoption import swarm_rows
 from node.ledger import Ledger, ledger_path
 from node.local import campaign_terms
@@ -57,7 +57,7 @@ def timeline(
             "SELECT val_bpb FROM runs WHERE child = ? AND parent = child AND val_bpb IS NOT NULL",
             (baseline,))]  # fmt: skip
         sigma, df = consensus.paired_noise(
-            ledger.paired_differences(profile), get_profile(profile).paired_noise
+            noise.own_pairs(ledger, profile), get_profile(profile).paired_noise
         )
         counts = {r["outcome"]: r["n"] for r in ledger.rows(
             "SELECT outcome, COUNT(*) AS n FROM results WHERE profile = ? GROUP BY outcome", (profile,))}  # fmt: skip

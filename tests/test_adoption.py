@@ -7,10 +7,12 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN, confirming_looks, make_result
 
+from node.agent import offline
 from node.agent.adoption import QueuedProposer, best_head, bundles, merge_proposals
 from node.agent.offline import OfflineProposer
 from node.agent.patch import change_hash
-from node.agent.proposers import Context
+from node.agent.proposers import Attempt, Context, Proposal
+from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import BASELINE_TRAIN_PY
 
@@ -114,9 +116,58 @@ def test_a_queued_merge_is_dropped_when_the_head_moved_or_it_was_tried():
     assert queue.propose(Context(NARROW, tried=tried)).source != BOTH
 
 
-def merge_proposals_stub():
-    from node.agent.proposers import Proposal
+def test_a_merge_every_node_queues_is_run_by_the_two_first_in_rank_then_by_the_next_ones():
+    """A shared merge (a verified win every node on the head queues alike) is not run by all of
+    them: the two active peers that rank first take it at once; each other one only after it has
+    made more proposals with the merge still untried than it has peers before it past those
+    two (they went quiet, or build on another head). The node's own rebased keeps are its own."""
+    peers = [Identity(bytes([i]) * 32).peer_id for i in range(6)]
+    merge = merge_proposals_stub()
+    ranked = sorted(peers, reverse=True,
+                    key=lambda p: offline.share_rank(p, change_hash(NARROW, BOTH)))  # fmt: skip
+    took = {}
+    for me in peers:
+        queue = QueuedProposer(OfflineProposer(0))
+        queue.queue_for(NARROW, merge, shared=1)
+        context = Context(NARROW, me=me, active=frozenset(peers))
+        took[me] = next(
+            (n for n in range(len(peers)) if queue.propose(context).source == BOTH), None
+        )
+        assert queue.last_verified == (took[me] is not None)
+    assert [took[me] for me in ranked] == [0, 0, 1, 2, 3, 4]
+    own = QueuedProposer(OfflineProposer(0))
+    own.queue_for(NARROW, merge)  # this node's own keep rebased: its own, whatever the ranks
+    assert own.propose(Context(NARROW, me=ranked[-1], active=frozenset(peers))).source == BOTH
+    assert not own.last_verified  # ...and not known to be verified
+    own.queue_for(NARROW, merge)
+    own.add_for(NARROW, merge, shared=True)  # it was verified since
+    assert own.propose(Context(NARROW, me=ranked[-1], active=frozenset(peers))).source == BOTH
+    assert own.last_verified
 
+
+def test_a_bundle_that_went_through_takes_its_parts_out_of_every_queue_and_a_failed_one_not():
+    """The shared merges after a bundle wait while it is untried; once a peer kept it, the merges
+    it holds are dropped (it holds them); once it failed, they are tried."""
+    head = BASELINE
+    bundle = Proposal("bundle of 2", BOTH)
+    parts = [Proposal("merge of narrow", NARROW), Proposal("merge of four steps", FOUR_STEPS)]
+    me = Identity(bytes([9]) * 32).peer_id
+
+    def queue_with(outcome):
+        queue = QueuedProposer(OfflineProposer(0))
+        queue.add_for(head, [bundle, *parts], shared=True)
+        tried = Attempt("bundle of 2", outcome, -0.01, change_hash(head, BOTH), by="a peer")
+        return queue, Context(head, me=me, history=(tried,))
+
+    queue, context = queue_with("keep")
+    assert queue.propose(context).source not in (NARROW, FOUR_STEPS, BOTH)
+    assert not queue.last_queued and queue.queue == []
+    queue, context = queue_with("discard")
+    assert queue.propose(context).source in (NARROW, FOUR_STEPS)  # alone (no peers): its own
+    assert queue.last_queued and queue.last_verified
+
+
+def merge_proposals_stub():
     return [Proposal("merge of four Newton-Schulz steps", BOTH)]
 
 

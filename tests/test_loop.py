@@ -9,7 +9,7 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN
 
-from node import consensus
+from node import consensus, noise
 from node.agent import loop
 from node.agent.errors import PatchError, ProposalRefused
 from node.agent.loop import Head
@@ -228,7 +228,7 @@ def test_every_comparison_is_paired_and_a_second_seed_runs_only_where_it_tells(
     assert step.fact.body["parent_scores"] == [3.00, 3.10]
     # Unpaired, this child (3.054 on average) would look 0.004 worse than a head of 3.05; paired,
     # its differences are +0.001 and +0.007.
-    assert book.paired_differences("test", "ab" * 32) == {}  # the head's own runs are the caller's
+    assert noise.own_pairs(book, "test", "ab" * 32) == {}  # the head's own runs are the caller's
 
 
 def test_a_pair_whose_second_seed_ran_for_its_first_ones_luck_never_measures_the_noise(
@@ -248,13 +248,13 @@ def test_a_pair_whose_second_seed_ran_for_its_first_ones_luck_never_measures_the
         book, alice, Scripted(lucky), Head(BASELINE, 3.0), SIGMA, FAST, None, tmp_path,
         parent_score=scores.get, run=fixed_run({1: 2.97, 2: 3.02}.get),
     )  # fmt: skip
-    assert book.paired_differences("test", "ab" * 32) == {}
+    assert noise.own_pairs(book, "test", "ab" * 32) == {}
     calibration = Proposal("wider", BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 5 "))
     research_step(
         book, alice, Scripted(calibration), Head(BASELINE, 3.0), SIGMA, FAST, None, tmp_path,
         parent_score=scores.get, run=fixed_run({1: 3.01, 2: 2.99}.get), calibrating=True,
     )  # fmt: skip
-    (diffs,) = book.paired_differences("test", "ab" * 32).values()
+    (diffs,) = noise.own_pairs(book, "test", "ab" * 32).values()
     assert diffs == pytest.approx([0.01, -0.01])
 
 

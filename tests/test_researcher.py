@@ -11,11 +11,12 @@ import hashlib
 import json
 import math
 import re
+import statistics
 import threading
 import time
 
 import pytest
-from conftest import CAMPAIGN
+from conftest import CAMPAIGN, confirming_looks, make_result
 
 from node import consensus, wire
 from node.agent.adoption import best_head, swarm_rows
@@ -131,6 +132,50 @@ def test_a_node_researches_at_once_and_its_paired_runs_measure_its_noise(book, a
     worker._update_noise()
     assert worker.sigma_df == 2 and worker.sigma < PROFILE.paired_noise
     assert worker.sigma == pytest.approx(PROFILE.paired_noise * (2 / 4) ** 0.5)
+
+
+def test_a_node_of_a_swarm_spends_no_run_on_its_noise_and_learns_it_from_its_peers_looks(
+    book, alice, bob, carol, tmp_path
+):
+    """`calibrate=False` (a node with peers): a change that does not look like a win runs on one
+    seed, and the noise is the profile's prior until peers' looks of the node's device class
+    (never another's) measure it: the spread of one claim's looks on different seeds, each seed
+    once however often it was replayed."""
+
+    def on_device(name):
+        def run(*args, **kwargs):
+            return dataclasses.replace(Landscape()(*args, **kwargs), device_name=name)
+
+        return run
+
+    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), on_device("cpu-a"),
+                        verify_every=0, calibrate=False)  # fmt: skip
+    assert worker.step().outcome == "discard"
+    assert book.rows("SELECT child FROM runs WHERE seed = ?", (worker.seeds()[1],)) == []
+    assert (worker.sigma, worker.sigma_df) == (PROFILE.paired_noise, 0)
+    with ledger_of(tmp_path, "bob") as bobs:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), Landscape(), verify_every=0,
+                   calibrate=False).step()  # fmt: skip
+        gossip(bobs, book)
+    (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
+
+    def look(who, delta, seed, device):
+        body = wire.verification_body(
+            result=claim["id"], child_val_bpb=1.5 + delta, parent_val_bpb=1.5, seed=seed,
+            profile="test", harness=harness_sha256(PROFILE), verdict="confirm", device=device,
+        )  # fmt: skip
+        book.ingest(
+            wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw
+        )
+
+    look(carol, -0.050, 1, "cpu-a")
+    look(DAVE, -0.050, 1, "cpu-a")  # a replay of seed 1: that seed counts once
+    look(ERIN, -0.040, 2, "cpu-a")
+    look(FRANK, -0.200, 3, "cpu-b")  # another class's noise is not this node's
+    worker._update_noise()
+    assert worker.sigma_df == 1
+    prior = 2 * PROFILE.paired_noise**2  # the prior's two degrees of freedom
+    assert worker.sigma == pytest.approx(math.sqrt((prior + 2 * 0.005**2) / 3))
 
 
 def test_a_win_moves_the_head_a_loss_does_not_and_every_run_is_published(book, alice, tmp_path):
@@ -276,6 +321,42 @@ def test_a_verified_peer_win_is_adopted_and_other_verified_wins_merge_onto_it(
     assert worker.adopted == sha(NARROW)  # the best verified head
     assert merged.outcome == "keep" and worker.head.source == BOTH  # the queued merge came first
     assert merged.description.startswith(f"merge of {sha(FOUR_STEPS)[:12]}")
+
+
+def test_a_win_verified_after_the_adoption_merges_onto_the_head_and_any_gain_keeps_it(
+    book, alice, bob, carol, tmp_path
+):
+    """carol's win is verified only after alice adopted bob's: her next research merges it onto
+    the head at once, not at the next adoption, and keeps the merge on a gain below her margin:
+    the looks at carol's claim measured the change, alice only checks that it survived."""
+    harness = harness_sha256(PROFILE)
+    claims = {}
+    for who, child, bpb in ((bob, NARROW, 1.45), (carol, FOUR_STEPS, 1.47)):
+        book.add_version(child.encode())
+        claims[child] = make_result(who, 1, sha(BASELINE), sha(child), bpb, profile="test",
+                                    harness=harness)  # fmt: skip
+        book.ingest(claims[child].raw)
+    for look in confirming_looks(DAVE, 1, claims[NARROW], harness=harness):
+        book.ingest(look.raw)
+
+    def run(script, *args, **kwargs):  # the two changes together gain 0.0005 on NARROW alone
+        result = Landscape()(script, *args, **kwargs)
+        bpb = result.val_bpb + (0.0295 if script.read_text() == BOTH else 0.0)
+        return dataclasses.replace(result, val_bpb=bpb)
+
+    worker = researcher(book, alice, tmp_path, OfflineProposer(0), run, verify_every=0,
+                        calibrate=False)  # fmt: skip
+    worker.start()
+    assert worker.adopted == sha(NARROW) and worker.proposer.queue == []
+    for look in confirming_looks(ERIN, 1, claims[FOUR_STEPS], harness=harness, delta=-0.03):
+        book.ingest(look.raw)
+    for _ in range(6):  # the peers that rank before her have their turn first
+        merged = worker.step()
+        if merged.description.startswith(f"merge of {sha(FOUR_STEPS)[:12]}"):
+            break
+    assert merged.outcome == "keep" and 0 < statistics.fmean(p - c for _, c, p in merged.pairs)
+    assert statistics.fmean(p - c for _, c, p in merged.pairs) < worker.margin
+    assert worker.head.source == BOTH
 
 
 def test_a_head_whose_train_py_has_not_arrived_yet_is_adopted_once_it_has(

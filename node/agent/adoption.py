@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from node.agent import offline
 from node.agent.errors import PatchError
 from node.agent.patch import change_hash, check_source, merge
 from node.agent.proposers import Context, Proposal, Proposer
 from node.evidence import Judgement
 from node.ledger import Ledger
+
+if TYPE_CHECKING:
+    from node.agent.loop import Head
 
 Trusted = Callable[[str], bool]  # may this node run code that this peer id made?
 MERGE_PREFIX = "merge of "  # how a merge proposal's description starts
@@ -74,6 +79,48 @@ def _ancestors(results: list[Mapping[str, Any]], version: str) -> set[str]:
     return seen
 
 
+def made_by(ledger: Ledger, profile: str, child: str) -> dict | None:
+    """The first kept result that made `child` on `profile`: its parent, author and description;
+    None: none did."""
+    rows = ledger.rows(
+        "SELECT parent, author, description FROM results WHERE child = ? AND profile = ? "
+        "AND outcome = 'keep' ORDER BY time LIMIT 1",
+        (child, profile),
+    )
+    return rows[0] if rows else None
+
+
+def builds_on(ledger: Ledger, profile: str, version: str, ancestor: str) -> bool:
+    """Whether `version` descends from `ancestor` through kept results in the ledger."""
+    return descends_from(
+        version, ancestor, lambda child: (made_by(ledger, profile, child) or {}).get("parent")
+    )
+
+
+def rebase(ledger: Ledger, profile: str, me: str, mine: Head, onto: Head) -> Proposal | None:
+    """The changes of node `me` in `mine` that `onto` lacks, as a three-way merge onto it: the
+    kept results it made from where `mine` left the versions `onto` builds on (or from the first
+    step another peer made). None when there are none, or they conflict with `onto`, or the
+    merge fails the policy."""
+    base: str | None = mine.sha256
+    seen: set[str] = set()
+    while base is not None and not builds_on(ledger, profile, onto.sha256, base):
+        if base in seen:  # parent links may loop
+            return None
+        seen.add(base)
+        made = made_by(ledger, profile, base)
+        if made is None or made["author"] != me:
+            break  # a peer's change: only this node's own go across
+        base = made["parent"]
+    source = ledger.version(base) if base not in (None, mine.sha256) else None
+    merged = merge(source.decode(), onto.source, mine.source) if source is not None else None
+    if merged is None or merged == onto.source or not _passes(merged):
+        return None
+    made = made_by(ledger, profile, mine.sha256)
+    what = made["description"] if made else "this node's keep"
+    return Proposal(f"{MERGE_PREFIX}{mine.sha256[:12]}: {what}", merged)
+
+
 def merge_proposals(
     ledger: Ledger, head: str, profile: str, quorum: int | None = None,
     harness: str | None = None, trusted: Trusted | None = None,
@@ -97,32 +144,41 @@ def merges_onto(
     head_source = version(head)
     if head_source is None:
         return []
-    head_text = head_source.decode()
-    lineage = _ancestors(results, head)
-    out: list[tuple[str, Proposal]] = []
-    seen = set()
     wins = [
         r for r in results
         if (j := judged.get(r["id"])) is not None and j.state == "verified" and j.gain is not None
         and (reach is None or reach(r))
     ]  # fmt: skip
-    for r in sorted(wins, key=lambda r: (-judged[r["id"]].gain, r["id"])):
-        if r["child"] in lineage or r["parent"] == head:
+    wins.sort(key=lambda r: (-judged[r["id"]].gain, r["id"]))
+    lineage = _ancestors(results, head)
+    out = _merged(head_source.decode(), [r for r in wins if r["parent"] != head], version, lineage)
+    return bundles(head_source.decode(), out) + [proposal for _, proposal in out]
+
+
+def _merged(
+    head_text: str, rows: list[Mapping[str, Any]], version: Callable[[str], bytes | None],
+    lineage: set[str],
+) -> list[tuple[str, Proposal]]:  # fmt: skip
+    """(the version whose change it carries, the proposal) for each result of `rows` merged
+    three-way onto `head_text` (its parent as the base), in their order: those in `lineage`,
+    those that conflict, change nothing or fail the policy are left out."""
+    out: list[tuple[str, Proposal]] = []
+    seen = set()
+    for r in rows:
+        if r["child"] in lineage:
             continue
         parent, child = version(r["parent"]), version(r["child"])
         if parent is None or child is None:
             continue
         merged = merge(parent.decode(), head_text, child.decode())
-        if merged is None or merged == head_text:
-            continue
-        if not _passes(merged):
+        if merged is None or merged == head_text or not _passes(merged):
             continue
         key = change_hash(head_text, merged)
         if key not in seen:
             seen.add(key)
             proposal = Proposal(f"{MERGE_PREFIX}{r['child'][:12]}: {r['description']}", merged)
             out.append((r["child"], proposal))
-    return bundles(head_text, out) + [proposal for _, proposal in out]
+    return out
 
 
 def bundles(head_text: str, merges: list[tuple[str, Proposal]]) -> list[Proposal]:
@@ -149,29 +205,106 @@ def bundles(head_text: str, merges: list[tuple[str, Proposal]]) -> list[Proposal
     return out
 
 
+SHARED_AT_ONCE = 2  # peers that take up a shared proposal at once; one more per proposal after
+
+
+@dataclass
+class _Queued:
+    parent: str  # sha256 of the train.py it is for
+    proposal: Proposal
+    shared: bool  # a merge of verified wins, which every node adopting the head queues alike
+    verified: bool  # its changes are verified wins (a shared one, or this node's own verified)
+    passed: int = 0  # proposals this node made while this one waited
+
+
 class QueuedProposer:
     """Queued proposals for one parent (merges after an adoption) first, then the inner
-    proposer's; a queued proposal is dropped once the parent moved or its change was tried."""
+    proposer's; a queued proposal is dropped once the parent moved or its change was tried.
+
+    A `shared` proposal (a merge of verified wins, which every node on the head queues alike)
+    is a few nodes' to run, not every node's: the active peers are ranked by the hash of each
+    one's id and the change's (`offline.share_of`'s order); the first SHARED_AT_ONCE take it
+    at once (two, so that one busy elsewhere delays it little), and one more in rank for each
+    proposal this node made with it still untried (the peers before it went quiet, or build on
+    another head). A node's own keeps rebased onto the head are its own, verified or not."""
 
     def __init__(self, inner: Proposer) -> None:
         self.inner = inner
-        self.queue: list[tuple[str, Proposal]] = []
+        self.queue: list[_Queued] = []
         self.last_queued = False  # whether the last proposal came from the queue (a merge)
+        self.last_verified = False  # whether its changes were verified wins (a merge of them)
 
-    def queue_for(self, parent_source: str, proposals: list[Proposal]) -> None:
+    def queue_for(self, parent_source: str, proposals: list[Proposal], shared: int = 0) -> None:
+        """Queue `proposals` for the parent, in place of any queue; the last `shared` of them
+        are shared (above)."""
+        self.queue = []
+        self.add_for(parent_source, proposals[: len(proposals) - shared])
+        self.add_for(parent_source, proposals[len(proposals) - shared :], shared=True)
+
+    def add_for(
+        self, parent_source: str, proposals: list[Proposal], shared: bool = False,
+        verified: bool | None = None,
+    ) -> None:  # fmt: skip
+        """Queue `proposals` after what is queued for the same parent (another parent's queue
+        is dropped), leaving out those queued already; `verified` (by default, `shared`): their
+        changes are verified wins, which one queued already now is too."""
+        verified = shared if verified is None else verified
         parent = hashlib.sha256(parent_source.encode()).hexdigest()
-        self.queue = [(parent, p) for p in proposals]
+        self.queue = [q for q in self.queue if q.parent == parent]
+        queued = {q.proposal.source: q for q in self.queue}
+        for proposal in proposals:
+            if proposal.source in queued:
+                queued[proposal.source].verified |= verified
+            else:
+                self.queue.append(_Queued(parent, proposal, shared, verified))
 
     def propose(self, context: Context) -> Proposal:
+        """The first queued proposal for this parent not tried yet that is this node's to run,
+        else the inner proposer's. Shared ones go in their order (one waits while one before it
+        is untried), and none is run whose changes one that was kept holds already (a bundle
+        that went through holds its halves)."""
         self.last_queued = True
-        while self.queue:
-            parent, proposal = self.queue.pop(0)
-            if parent == context.parent and (
-                change_hash(context.train_py, proposal.source) not in context.tried_hashes
-            ):
-                return proposal
-        self.last_queued = False
+        peers = sorted(context.active | {context.me}) if context.me else []
+        kept = {a.diff_hash for a in context.history if a.outcome == "keep"}
+        queue, self.queue = self.queue, []
+        through: list[str] = []  # shared proposals kept on this parent (by any node)
+        waiting = False  # whether a shared one before is untried and not this node's yet
+        for index, queued in enumerate(queue):
+            proposal = queued.proposal
+            if queued.parent != context.parent:
+                continue
+            if queued.shared and _within(context.train_py, proposal, through):
+                continue
+            key = change_hash(context.train_py, proposal.source)
+            if key in context.tried_hashes:
+                if queued.shared and key in kept:
+                    through.append(proposal.source)
+                continue
+            if queued.shared and (waiting or not _my_turn(key, peers, context.me, queued.passed)):
+                queued.passed += 1
+                self.queue.append(queued)
+                waiting = True
+                continue
+            self.queue += queue[index + 1 :]
+            self.last_verified = queued.verified
+            return proposal
+        self.last_queued = self.last_verified = False
         return self.inner.propose(context)
+
+
+def _my_turn(key: str, peers: list[str], me: str | None, passed: int) -> bool:
+    """Whether a shared proposal of change `key` is this node's to run, having waited `passed`
+    proposals: its rank among `peers` is within the ones whose turn has come."""
+    if not peers or me is None:
+        return True
+    ranked = sorted(peers, key=lambda p: offline.share_rank(p, key), reverse=True)
+    return ranked.index(me) < SHARED_AT_ONCE + passed
+
+
+def _within(parent: str, proposal: Proposal, kept: list[str]) -> bool:
+    """Whether a kept child of `parent` holds every change of `proposal` already (a bundle that
+    went through holds its halves and its merges)."""
+    return any(merge(parent, child, proposal.source) == child for child in kept)
 
 
 def written_by(ledger: Ledger, version: str, baseline: str, authors: Trusted) -> bool:

@@ -279,10 +279,11 @@ def share_of(change: str, peers: frozenset[str] | set[str]) -> str | None:
     """The peer whose share a change is: the one of `peers` that ranks it first by sha256 of
     its id and the change's hash (rendezvous hashing). Every node computes the same from the same
     peers, so nobody assigns work; when that peer goes quiet, the change is the next one's."""
-    return max(peers, key=lambda p: _rank(p, change), default=None)
+    return max(peers, key=lambda p: share_rank(p, change), default=None)
 
 
-def _rank(peer: str, change: str) -> bytes:
+def share_rank(peer: str, change: str) -> bytes:
+    """A peer's rank for a change: the higher, the sooner the change is its to try."""
     return hashlib.sha256(f"{peer}:{change}".encode()).digest()
 
 

@@ -17,13 +17,12 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Literal
 
-from node import committees, consensus, evidence, wire
+from node import committees, consensus, evidence, noise, wire
 from node.agent import adoption
 from node.agent.crew import Crew
 from node.agent.doing import Doing
-from node.agent.errors import AgentError, PatchError
+from node.agent.errors import AgentError
 from node.agent.loop import Check, Head, Step, policy_check, record_run, research_step
-from node.agent.patch import check_source, merge
 from node.agent.proposers import Proposal, Proposer
 from node.agent.verifier import VERIFY_RUN, Verified, ledger_claims_to_verify, verify_claim
 from node.identity import Identity
@@ -36,15 +35,18 @@ from node.trainer.compile_cache import CompileCache
 SPEED_RUNS = 20  # this node's latest runs behind its measured speed
 AUDIT_EVERY = 10  # every this many steps, one look at an older verified step of the head's lineage
 ACTIVE_MS = 3_600_000  # a peer that published in the last hour is active: it may be drawn to look
-# Until its noise estimate has this many degrees of freedom, a node runs every experiment on
-# two seeds: each such pair is one more degree of freedom (afterwards only apparent wins are).
+# Until its noise estimate has this many degrees of freedom, a node alone (`calibrate`) runs every
+# experiment on two seeds: each such pair is one more degree of freedom (afterwards only apparent
+# wins are). A node in a swarm does not: its peers' looks teach it its noise (`_update_noise`).
 CALIBRATION_DF = 4
 
 
 class Researcher:
     """One research worker on one profile. `verify_every`: every n-th step verifies a peer's
     claim when one is open (0: never). `crew`: what the node's other workers share with this
-    one. `say`: a line for the person running the node each time what it does changes."""
+    one. `say`: a line for the person running the node each time what it does changes.
+    `calibrate`: the node may have no peers to learn its noise from, so it spends runs on it
+    (False: a node of a swarm, whose peers' looks teach it)."""
 
     def __init__(
         self, ledger: Ledger, me: Identity, proposer: Proposer, profile: Profile,
@@ -54,11 +56,11 @@ class Researcher:
         run: Callable[..., RunResult] = run_experiment, status_path: Path | None = None,
         trusted: Callable[[str], bool] | None = None, trust: Collection[str] = (),
         compile_cache: CompileCache | None = None, crew: Crew | None = None,
-        say: Callable[[str], None] | None = None,
+        say: Callable[[str], None] | None = None, calibrate: bool = True,
     ) -> None:  # fmt: skip
         self.ledger, self.me, self.profile, self.data = ledger, me, profile, data
         self.work_dir, self.quorum, self.program = Path(work_dir), quorum, program
-        self.verify_every = verify_every
+        self.verify_every, self.calibrate = verify_every, calibrate
         self.check, self.publish, self.run = check, publish, run
         # Whose code this node may run: everyone (None) in a sandbox; without one, only its own
         # and that of the peers its user trusts by key.
@@ -80,6 +82,8 @@ class Researcher:
         self.head: Head | None = None
         self.adopted: str | None = None  # the last consensus head this node adopted
         self.rescored: Verified | None = None  # the look at the adopted head's claim, if any
+        self._wins: frozenset[str] = frozenset()  # verified claims when merges were last queued
+        self._merged_onto: str | None = None  # the head they were queued for
         self.steps = 0
         self.now = Doing(status_path, say, self.status)  # what it is doing, for its person
         self.pending: int | None = None  # open claims of other peers this node could verify
@@ -173,9 +177,12 @@ class Researcher:
         return statistics.fmean(scores)
 
     def _update_noise(self) -> None:
-        self.sigma, self.sigma_df = consensus.paired_noise(
-            self.ledger.paired_differences(self.profile.name, self.harness),
-            self.profile.paired_noise,
+        """The paired noise of this node's class of device (`noise.estimate`). In a swarm no run
+        is spent to calibrate it: a node's first experiments run a second seed only when the
+        first looks like a win, as every later one does, and a change kept by chance on a prior
+        that is too small is refuted by the looks at its claim, which teach the node its noise."""
+        self.sigma, self.sigma_df = noise.estimate(
+            self.ledger, self.profile.name, self.profile.paired_noise, self.harness
         )
         self.margin = consensus.margin_for(self.sigma)
 
@@ -257,10 +264,32 @@ class Researcher:
         # Its own keeps the new head lacks go first, rebased onto it: a win found beside the
         # one the swarm adopted adds to it instead of being lost because it came second.
         rebased = [] if mine is None else [p for p in [self._rebase(mine, self.head)] if p]
+        self._wins, self._merged_onto = self._verified(), self.head.sha256
         merges = adoption.merge_proposals(
             self.ledger, best, self.profile.name, self.quorum, self.harness, self.trusted
         )
-        self.proposer.queue_for(self.head.source, rebased + merges)
+        self.proposer.queue_for(self.head.source, rebased + merges, shared=len(merges))
+
+    def _verified(self) -> frozenset[str]:
+        """The ids of the claims verified on the profile now."""
+        return frozenset(self.ledger.standings(self.profile.name, self.quorum, self.harness)[1])
+
+    def _queue_new_merges(self) -> None:
+        """The verified wins of other parents merged onto the head this node builds on, queued
+        when that head changed (the node researches ahead, or kept a change) or a win was
+        verified since it last queued them: a win verified after the adoption joins the head
+        now, not at the next adoption."""
+        if self.head is None:
+            return
+        wins = self._verified()
+        if wins <= self._wins and self.head.sha256 == self._merged_onto:
+            return
+        self._wins, self._merged_onto = wins, self.head.sha256
+        merges = adoption.merge_proposals(
+            self.ledger, self.head.sha256, self.profile.name, self.quorum, self.harness,
+            self.trusted,
+        )  # fmt: skip
+        self.proposer.add_for(self.head.source, merges, shared=True)
 
     def _speculate(self) -> Verified | None:
         """Research ahead of the evidence: from the adopted head, move to another peer's claim on
@@ -388,7 +417,8 @@ class Researcher:
         replays = {r["id"]: self._replay_seed(r) for r in steps}
         due = [r for r in steps if replays[r["id"]] is not None]
         if not due:  # the author's own seed, which its claim's committee replays
-            device = self._device()  # a replay gives the author's numbers on its device class
+            # a replay gives the author's numbers on its device class
+            device = noise.device_of(self.ledger, self.profile.name)
             due = [r for r in steps if device and r.get("device") == device
                    and self._replayer(r) and self._replays_due(r)]  # fmt: skip
             if due:
@@ -399,15 +429,6 @@ class Researcher:
             return None
         claim = min(due, key=lambda r: (judged[r["id"]].seeds, r["id"]))
         return self._look(claim, "audit", replays[claim["id"]])
-
-    def _device(self) -> str:
-        """This node's device class, as its latest run on the profile recorded it."""
-        rows = self.ledger.rows(
-            "SELECT device FROM runs WHERE profile = ? AND device IS NOT NULL "
-            "ORDER BY id DESC LIMIT 1",
-            (self.profile.name,),
-        )
-        return rows[0]["device"] if rows else ""
 
     def _replay_seed(
         self, claim: dict, contested_only: bool = False, drawn: bool = True
@@ -428,7 +449,7 @@ class Researcher:
         if side:
             looks = [v for v in looks if v["delta"] is not None and (side > 0) == (v["delta"] < 0)]
         seeds = evidence.seeds_to_replay(
-            looks, self.me.peer_id, claim["author"], self._device(),
+            looks, self.me.peer_id, claim["author"], noise.device_of(self.ledger, self.profile.name),
             self.profile.replay_tolerance, not side,
         )  # fmt: skip
         return next((seed for seed in seeds if not drawn or self._replayer(row, seed)), None)
@@ -452,14 +473,8 @@ class Researcher:
                 return self._look(claim, "verify", seed)
         return None
 
-    def _kept_parent(self, child: str) -> str | None:
-        """The parent of the first kept result that made `child` on the profile; None: none did."""
-        made = self._made_by(child)
-        return made["parent"] if made else None
-
     def _builds_on(self, version: str, ancestor: str) -> bool:
-        """Whether `version` descends from `ancestor` through kept results in the ledger."""
-        return adoption.descends_from(version, ancestor, self._kept_parent)
+        return adoption.builds_on(self.ledger, self.profile.name, version, ancestor)
 
     def _follow_crew(self) -> None:
         """Move to another worker's keep when it beats this worker's head and builds on the head
@@ -481,41 +496,7 @@ class Researcher:
             self.proposer.queue_for(better.source, [merged_in])
 
     def _rebase(self, mine: Head, onto: Head) -> Proposal | None:
-        """This node's own changes in `mine` that `onto` lacks, as a three-way merge onto it: the
-        kept results this node made from where `mine` left the versions `onto` builds on (or
-        from the first step another peer made). None when there are none, or they conflict with
-        `onto`, or the merge fails the policy."""
-        base: str | None = mine.sha256
-        seen: set[str] = set()
-        while base is not None and not self._builds_on(onto.sha256, base):
-            if base in seen:  # parent links may loop
-                return None
-            seen.add(base)
-            made = self._made_by(base)
-            if made is None or made["author"] != self.me.peer_id:
-                break  # a peer's change: only this node's own go across
-            base = made["parent"]
-        source = self.ledger.version(base) if base not in (None, mine.sha256) else None
-        merged = merge(source.decode(), onto.source, mine.source) if source is not None else None
-        if merged is None or merged == onto.source:
-            return None
-        try:
-            check_source(merged)
-        except PatchError:
-            return None
-        made = self._made_by(mine.sha256)
-        what = made["description"] if made else "this node's keep"
-        return Proposal(f"{adoption.MERGE_PREFIX}{mine.sha256[:12]}: {what}", merged)
-
-    def _made_by(self, child: str) -> dict | None:
-        """The first kept result that made `child` on the profile: its parent, author and
-        description; None: none did."""
-        rows = self.ledger.rows(
-            "SELECT parent, author, description FROM results WHERE child = ? AND profile = ? "
-            "AND outcome = 'keep' ORDER BY time LIMIT 1",
-            (child, self.profile.name),
-        )
-        return rows[0] if rows else None
+        return adoption.rebase(self.ledger, self.profile.name, self.me.peer_id, mine, onto)
 
     def step(self) -> Step | Verified:
         """One experiment: the look at a newly adopted head's claim (its re-score), else the
@@ -535,6 +516,7 @@ class Researcher:
         self.adopt()
         self._follow_crew()
         ahead = self._speculate()
+        self._queue_new_merges()
         self.steps += 1
         claims = self._open_claims(limit=1000)
         self.pending = len(claims)
@@ -543,8 +525,11 @@ class Researcher:
             return looked
         if ahead is not None:  # it looked at the claim it will research ahead from
             return ahead
-        if self.verify_every:  # a claim on the adopted head this node was drawn to judge
-            on_head = [c for c in claims if c["parent"] in (self.adopted, self.head.sha256)]
+        if self.verify_every:  # a claim on the adopted head this node was drawn to judge, or
+            # on its parent: a win beside the one adopted, which merges onto it once verified
+            made = adoption.made_by(self.ledger, self.profile.name, self.adopted or "")
+            near = {self.adopted, self.head.sha256} | ({made["parent"]} if made else set())
+            on_head = [c for c in claims if c["parent"] in near]
             for claim in self._drawn(on_head)[:1]:
                 looked = self._look(claim, "verify")
                 if looked is not None:
@@ -589,9 +574,19 @@ class Researcher:
             self.ledger, self.me, self.proposer, head, self.sigma, self.profile, self.data,
             self.work_dir, seeds=self.seeds(),
             parent_score=lambda seed: self.score_at(head.source, seed),
-            calibrating=self.sigma_df < CALIBRATION_DF, program=self.program, check=self.check,
-            on_event=self.now.event, run=self._run, crew=self.crew,
+            calibrating=self.calibrate and self.sigma_df < CALIBRATION_DF, program=self.program,
+            check=self.check,
+            on_event=self.now.event, run=self._run, crew=self.crew, margin=self._margin,
         )  # fmt: skip
+
+    def _margin(self, runs: int) -> float:
+        """The paired gain over `runs` seeds this node keeps a change at: its noise margin
+        (`consensus.margin_for`), but for a merge of wins the swarm verified, any gain: their
+        looks already measured them, and the child's own committee judges it; the node only
+        checks that they survived the move onto the head, on two seeds."""
+        if self.proposer.last_verified:
+            return 0.0
+        return consensus.margin_for(self.sigma, runs)
 
     def _open_claims(self, limit: int) -> list:
         """Other peers' claims this node may verify now, the most promising first. Without a

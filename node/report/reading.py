@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from node import consensus
+from node import noise as noise_of
 from node.errors import SwarmError
 from node.home import resolve_home
 from node.ledger import MIGRATIONS, Ledger, LedgerError, ledger_path
@@ -94,7 +95,7 @@ def read_snapshot(ledger: Ledger, quorum: int | None = None, now_ms: int | None 
     baselines = {ledger.baseline()}
     lineages = {profile: _lineage(ledger, rows[0]["child"]) for profile, rows in board.items()}
     noise = {
-        r["profile"]: ledger.paired_differences(r["profile"])
+        r["profile"]: noise_of.own_pairs(ledger, r["profile"])
         for r in ledger.rows("SELECT DISTINCT profile FROM runs WHERE profile IS NOT NULL")
     }
     peers = _peer_stats(results, verifications, verified, refuted)

@@ -90,7 +90,7 @@ class SimNode:
         self.researcher = kind(
             self.ledger, self.me, self.proposer, land.PROFILE, None, work, sim.landscape.baseline,
             quorum=s.quorum, verify_every=0 if s.rule == "trusting" else s.verify_every,
-            check=None, publish=self._publish, run=self._run,
+            check=None, publish=self._publish, run=self._run, calibrate=s.nodes == 1,
         )  # fmt: skip
         # sha256 of every child this node's research proposed: its ideas, and the merges queued
         # before them (a liar lies about all of them)
