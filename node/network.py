@@ -51,9 +51,14 @@ class LedgerFacts:
 
 
 def judge(ledger: Ledger, transport: GossipNode) -> dict[str, standing.Standing]:
-    """Record what the transport refused since the last time, then judge every peer."""
+    """Record what the transport refused since the last time, then judge every peer. Refusals
+    the ledger could not take (it was busy) go back to the transport for the next time."""
     if offences := transport.take_offences():
-        ledger.record_offences(offences)
+        try:
+            ledger.record_offences(offences)
+        except Exception:
+            transport.untake_offences(offences)
+            raise
     return standing.ledger_standing(ledger)
 
 

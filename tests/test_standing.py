@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 
+import pytest
 from conftest import BASELINE, CAMPAIGN, confirming_looks, make_result, make_verification
 
 from node import wire
@@ -204,6 +206,32 @@ def test_the_ledger_charges_a_signed_replay_to_its_author_not_the_relay(
     assert standing[bob.peer_id].failed == 1 and not standing[bob.peer_id].silenced
     assert standing[carol.peer_id].offences == {"flood": 40, "junk": 2}
     assert standing[carol.peer_id].silenced  # two junk frames and a flood: 48 points
+
+
+def test_refusals_a_busy_ledger_could_not_record_are_recorded_at_the_next_judgement(tmp_path):
+    from node.gossip import GossipConfig, GossipNode
+    from node.identity import Identity
+    from node.network import LedgerFacts, judge
+
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        node = GossipNode(GossipConfig(home=tmp_path, campaign=CAMPAIGN), Identity.generate(),
+                          LedgerFacts(book))  # fmt: skip
+        node._penalise("peer-a", 1.0, "junk")
+        record, busy = book.record_offences, [sqlite3.OperationalError("database is locked")]
+
+        def flaky(offences):
+            if busy:
+                raise busy.pop()
+            record(offences)
+
+        book.record_offences = flaky
+        with pytest.raises(sqlite3.OperationalError):
+            judge(book, node)
+        node._penalise("peer-a", 1.0, "junk")
+        judge(book, node)
+        assert book.rows("SELECT peer_id, reason, count FROM rejections") == [
+            {"peer_id": "peer-a", "reason": "junk", "count": 2}
+        ]
 
 
 def test_the_gossip_layer_hears_a_silenced_peer_and_drops_a_banned_one(tmp_path, alice, bob, carol):

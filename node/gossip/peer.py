@@ -335,6 +335,12 @@ class GossipNode:
             offences, self._offences = self._offences, {}
         return offences
 
+    def untake_offences(self, offences: Mapping[tuple[str, str], int]) -> None:
+        """Count again refusals the node took and could not record (its ledger was busy)."""
+        with self._offences_lock:
+            for key, n in offences.items():
+                self._offences[key] = self._offences.get(key, 0) + n
+
     def set_standing(self, judged: Mapping[str, PeerStanding]) -> None:
         """The node's judgement of its peers: the banned ones' facts are dropped from now on,
         whoever relays them; the silenced ones' are still heard."""
