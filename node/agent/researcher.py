@@ -501,8 +501,8 @@ class Researcher:
     def step(self) -> Step | Verified:
         """One experiment: the look at a newly adopted head's claim (its re-score), else the
         look at a claim it is about to research ahead from (`_speculate`), else a look at a
-        claim on the adopted head (or the one it researches ahead from) this node was drawn to
-        judge (`_drawn`), else
+        claim on the adopted head, on the one it researches ahead from or on the adopted head's
+        parent (a win beside it, to merge) this node was drawn to judge (`_drawn`), else
         a replay it is drawn for at a step of the head's lineage (a look nobody replayed, or the
         author's seed), else every AUDIT_EVERY-th step an audit of the head's lineage,
         else a verification of a peer's claim (every `verify_every`-th step, when one is open),
