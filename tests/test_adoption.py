@@ -167,6 +167,32 @@ def test_a_bundle_that_went_through_takes_its_parts_out_of_every_queue_and_a_fai
     assert queue.last_queued and queue.last_verified
 
 
+def test_a_merge_waiting_behind_another_nodes_bundle_does_not_count_its_wait():
+    """While a bundle waits for the peer whose turn it is, the merges behind it are not judged:
+    once the bundle was tried, the next merge goes to the first in its own rank, not to as many
+    nodes as proposals were made meanwhile."""
+    peers = [Identity(bytes([i]) * 32).peer_id for i in range(6)]
+    bundle = Proposal("bundle of 2", BOTH)
+    part = Proposal("merge of narrow", NARROW)
+
+    def rank(change: str) -> list[str]:
+        key = change_hash(BASELINE, change)
+        return sorted(peers, key=lambda p: offline.share_rank(p, key), reverse=True)
+
+    me = next(p for p in peers if rank(BOTH).index(p) >= 5 and rank(NARROW).index(p) >= 2)
+    queue = QueuedProposer(OfflineProposer(0))
+    queue.add_for(BASELINE, [bundle, part], shared=True)
+    context = Context(BASELINE, me=me, active=frozenset(peers))
+    for _ in range(3):
+        assert queue.propose(context).source not in (BOTH, NARROW)
+    failed = Attempt("bundle of 2", "discard", 0.01, change_hash(BASELINE, BOTH))
+    later = Context(BASELINE, me=me, active=frozenset(peers), history=(failed,))
+    waited = rank(NARROW).index(me) - 1  # its own turn comes after this many proposals
+    for _ in range(waited):
+        assert queue.propose(later).source != NARROW
+    assert queue.propose(later).source == NARROW
+
+
 def merge_proposals_stub():
     return [Proposal("merge of four Newton-Schulz steps", BOTH)]
 

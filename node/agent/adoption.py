@@ -280,7 +280,10 @@ class QueuedProposer:
                 if queued.shared and key in kept:
                     through.append(proposal.source)
                 continue
-            if queued.shared and (waiting or not _my_turn(key, peers, context.me, queued.passed)):
+            if queued.shared and waiting:  # behind one not run yet: its turn is not judged
+                self.queue.append(queued)
+                continue
+            if queued.shared and not _my_turn(key, peers, context.me, queued.passed):
                 queued.passed += 1
                 self.queue.append(queued)
                 waiting = True
