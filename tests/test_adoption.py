@@ -128,7 +128,7 @@ def test_a_merge_every_node_queues_is_run_by_the_two_first_in_rank_then_by_the_n
     took = {}
     for me in peers:
         queue = QueuedProposer(OfflineProposer(0))
-        queue.queue_for(NARROW, merge, shared=1)
+        queue.queue_for(NARROW, [], merge)
         context = Context(NARROW, me=me, active=frozenset(peers))
         took[me] = next(
             (n for n in range(len(peers)) if queue.propose(context).source == BOTH), None

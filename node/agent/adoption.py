@@ -8,7 +8,7 @@ runs code.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,41 +144,32 @@ def merges_onto(
     head_source = version(head)
     if head_source is None:
         return []
+    head_text = head_source.decode()
+    lineage = _ancestors(results, head)
+    out: list[tuple[str, Proposal]] = []
+    seen = set()
     wins = [
         r for r in results
         if (j := judged.get(r["id"])) is not None and j.state == "verified" and j.gain is not None
         and (reach is None or reach(r))
     ]  # fmt: skip
-    wins.sort(key=lambda r: (-judged[r["id"]].gain, r["id"]))
-    lineage = _ancestors(results, head)
-    out = _merged(head_source.decode(), [r for r in wins if r["parent"] != head], version, lineage)
-    return bundles(head_source.decode(), out) + [proposal for _, proposal in out]
-
-
-def _merged(
-    head_text: str, rows: list[Mapping[str, Any]], version: Callable[[str], bytes | None],
-    lineage: set[str],
-) -> list[tuple[str, Proposal]]:  # fmt: skip
-    """(the version whose change it carries, the proposal) for each result of `rows` merged
-    three-way onto `head_text` (its parent as the base), in their order: those in `lineage`,
-    those that conflict, change nothing or fail the policy are left out."""
-    out: list[tuple[str, Proposal]] = []
-    seen = set()
-    for r in rows:
-        if r["child"] in lineage:
+    for r in sorted(wins, key=lambda r: (-judged[r["id"]].gain, r["id"])):
+        if r["child"] in lineage or r["parent"] == head:
             continue
         parent, child = version(r["parent"]), version(r["child"])
         if parent is None or child is None:
             continue
         merged = merge(parent.decode(), head_text, child.decode())
-        if merged is None or merged == head_text or not _passes(merged):
+        if merged is None or merged == head_text:
+            continue
+        if not _passes(merged):
             continue
         key = change_hash(head_text, merged)
         if key not in seen:
             seen.add(key)
             proposal = Proposal(f"{MERGE_PREFIX}{r['child'][:12]}: {r['description']}", merged)
             out.append((r["child"], proposal))
-    return out
+    return bundles(head_text, out) + [proposal for _, proposal in out]
 
 
 def bundles(head_text: str, merges: list[tuple[str, Proposal]]) -> list[Proposal]:
@@ -234,29 +225,27 @@ class QueuedProposer:
         self.last_queued = False  # whether the last proposal came from the queue (a merge)
         self.last_verified = False  # whether its changes were verified wins (a merge of them)
 
-    def queue_for(self, parent_source: str, proposals: list[Proposal], shared: int = 0) -> None:
-        """Queue `proposals` for the parent, in place of any queue; the last `shared` of them
-        are shared (above)."""
-        self.queue = []
-        self.add_for(parent_source, proposals[: len(proposals) - shared])
-        self.add_for(parent_source, proposals[len(proposals) - shared :], shared=True)
-
-    def add_for(
-        self, parent_source: str, proposals: list[Proposal], shared: bool = False,
-        verified: bool | None = None,
+    def queue_for(
+        self, parent_source: str, own: list[Proposal], shared: Sequence[Proposal] = ()
     ) -> None:  # fmt: skip
+        """Queue this node's `own` proposals, then the `shared` ones (above), for the parent, in
+        place of any queue."""
+        self.queue = []
+        self.add_for(parent_source, own)
+        self.add_for(parent_source, list(shared), shared=True)
+
+    def add_for(self, parent_source: str, proposals: list[Proposal], shared: bool = False) -> None:
         """Queue `proposals` after what is queued for the same parent (another parent's queue
-        is dropped), leaving out those queued already; `verified` (by default, `shared`): their
-        changes are verified wins, which one queued already now is too."""
-        verified = shared if verified is None else verified
+        is dropped), leaving out those queued already; one queued already as this node's own
+        and offered now `shared` is a verified win too."""
         parent = hashlib.sha256(parent_source.encode()).hexdigest()
         self.queue = [q for q in self.queue if q.parent == parent]
         queued = {q.proposal.source: q for q in self.queue}
         for proposal in proposals:
             if proposal.source in queued:
-                queued[proposal.source].verified |= verified
+                queued[proposal.source].verified |= shared
             else:
-                self.queue.append(_Queued(parent, proposal, shared, verified))
+                self.queue.append(_Queued(parent, proposal, shared, shared))
 
     def propose(self, context: Context) -> Proposal:
         """The first queued proposal for this parent not tried yet that is this node's to run,
@@ -264,7 +253,7 @@ class QueuedProposer:
         is untried), and none is run whose changes one that was kept holds already (a bundle
         that went through holds its halves)."""
         self.last_queued = True
-        peers = sorted(context.active | {context.me}) if context.me else []
+        peers = list(context.active | {context.me}) if context.me else []
         kept = {a.diff_hash for a in context.history if a.outcome == "keep"}
         queue, self.queue = self.queue, []
         through: list[str] = []  # shared proposals kept on this parent (by any node)

@@ -268,7 +268,7 @@ class Researcher:
         merges = adoption.merge_proposals(
             self.ledger, best, self.profile.name, self.quorum, self.harness, self.trusted
         )
-        self.proposer.queue_for(self.head.source, rebased + merges, shared=len(merges))
+        self.proposer.queue_for(self.head.source, rebased, merges)
 
     def _verified(self) -> frozenset[str]:
         """The ids of the claims verified on the profile now."""
@@ -527,7 +527,7 @@ class Researcher:
             return ahead
         if self.verify_every:  # a claim on the adopted head this node was drawn to judge, or
             # on its parent: a win beside the one adopted, which merges onto it once verified
-            made = adoption.made_by(self.ledger, self.profile.name, self.adopted or "")
+            made = claims and adoption.made_by(self.ledger, self.profile.name, self.adopted or "")
             near = {self.adopted, self.head.sha256} | ({made["parent"]} if made else set())
             on_head = [c for c in claims if c["parent"] in near]
             for claim in self._drawn(on_head)[:1]:
