@@ -45,6 +45,7 @@ class LocalSwarm:
     api_base: str | None = None
     data: str | None = None
     sandbox: bool = True
+    proposer: str = "learning"  # without a model: learning, or fixed (the control)
     processes: list[subprocess.Popen] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # peer id -> node0, node1, ...
 
@@ -89,6 +90,8 @@ class LocalSwarm:
                 args += ["--data", self.data]
             if not self.sandbox:
                 args.append("--no-sandbox")
+            if self.proposer != "learning":
+                args += ["--proposer", self.proposer]
             self._spawn(args, home / "node.log", env)
 
     def failed(self) -> list[str]:

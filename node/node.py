@@ -66,6 +66,7 @@ class NodeConfig:
     verify_every: int = 4
     gpus: str = "all"  # "all" or how many GPUs to use, one worker each
     seed: int | None = None  # orders the offline proposer's changes; None: the node's key does
+    proposer: str = "learning"  # the offline proposer's kind: learning, or fixed (a control)
     sandbox: bool | None = None  # None: whenever available; False only when the user says so
     trust: list[str] = field(default_factory=list)  # peer ids whose code runs without a sandbox
 
@@ -162,7 +163,7 @@ def run_node(
     stop = stop or threading.Event()
     say(
         f"node {identity.peer_id}: campaign {config.campaign}, profile {profile.name}, "
-        f"{len(slots)} worker(s), {'model ' + config.model if config.model else 'offline proposer'}, "
+        f"{len(slots)} worker(s), {'model ' + config.model if config.model else config.proposer + ' offline proposer'}, "
         f"{profile.budget_tokens} training tokens a run"
     )
 
@@ -313,7 +314,7 @@ def _work(
 ) -> None:
     """One research worker: its own ledger connection and proposer, step after step until
     stopped, saying what it does as it changes (a run begun, an outcome)."""
-    from node.agent import AgentError, LLMProposer, OfflineProposer
+    from node.agent import AgentError, FixedList, LLMProposer, OfflineProposer
     from node.agent.researcher import Researcher
     from node.ledger import Ledger, ledger_path
     from node.trainer import BASELINE_TRAIN_PY, RunCancelled, run_experiment
@@ -328,7 +329,7 @@ def _work(
             config.model, config.api_base, config.max_cost_usd, spent_path=home / "llm-spend.json"
         )
     else:
-        proposer = OfflineProposer(seed=seed)
+        proposer = (FixedList if config.proposer == "fixed" else OfflineProposer)(seed=seed)
     sandbox = confined(config)
     trusted = None if sandbox or config.sandbox is False else set(config.trust).__contains__
     run = functools.partial(run_experiment, sandbox=sandbox, cancel=stop, gpu=device, turns=turns)

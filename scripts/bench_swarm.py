@@ -1,6 +1,7 @@
-"""A local swarm against a node alone, side by side on this machine: both started at once with
-`swarm local` (so every node gets the same share of the cores), then the best val_bpb of each
-over time, read back from their ledgers.
+"""A local swarm against a node alone, or against the same swarm with the fixed list for its
+proposer (`--against fixed`), side by side on this machine: both started at once with `swarm
+local` (so every node gets the same share of the cores), then the best val_bpb of each over time,
+read back from their ledgers, and how many experiments repeated a change a peer had measured.
 
 For each: the head under the adoption rule over the facts known at that minute (its score is the
 sum of the verified gains along its lineage, pooled from peers other than each claim's author:
@@ -9,6 +10,7 @@ alone has no peers to verify it, so its head stays the baseline. The baseline va
 of the node's own runs of it, and its noise the spread of its paired differences.
 
     python scripts/bench_swarm.py --minutes 20 --profile cpu --nodes 3
+    python scripts/bench_swarm.py --minutes 30 --profile test --nodes 3 --against fixed
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from node.local import campaign_terms
 from node.trainer import get_profile, harness_sha256
 
 
-def launch(root: Path, nodes: int, args: argparse.Namespace) -> subprocess.Popen:
+def launch(
+    root: Path, nodes: int, args: argparse.Namespace, proposer: str = "learning"
+) -> subprocess.Popen:
     command = [sys.executable, "-m", "node.cli", "local", "--nodes", str(nodes), "--minutes", str(args.minutes),
-               "--profile", args.profile, "--fresh", "--home", str(root), "--json"]  # fmt: skip
+               "--profile", args.profile, "--proposer", proposer, "--fresh", "--home", str(root), "--json"]  # fmt: skip
     if args.campaign:
         command += ["--campaign", args.campaign]
     root.mkdir(parents=True, exist_ok=True)
@@ -61,6 +65,11 @@ def timeline(
         )
         counts = {r["outcome"]: r["n"] for r in ledger.rows(
             "SELECT outcome, COUNT(*) AS n FROM results WHERE profile = ? GROUP BY outcome", (profile,))}  # fmt: skip
+        # an experiment whose change of its parent a peer's earlier experiment had measured
+        repeats = ledger.rows(
+            "SELECT COUNT(*) AS n FROM results r WHERE profile = ? AND EXISTS (SELECT 1 FROM "
+            "results e WHERE e.profile = r.profile AND e.parent = r.parent AND e.child = r.child "
+            "AND e.author != r.author AND e.time < r.time)", (profile,))[0]["n"]  # fmt: skip
     harness = harness_sha256(get_profile(profile))
     rows, judged = [], {}
     for minute in range(1, int(minutes) + 1):
@@ -78,7 +87,7 @@ def timeline(
                  "gain": j.gain, "se": j.se, "seeds": j.seeds, "peers": len(j.peers)}
                 for rid, j in judged.items() if j.state == "verified"]  # fmt: skip
     return {"baseline": statistics.fmean(own) if own else None, "baseline_runs": len(own),
-            "sigma": sigma, "sigma_df": df, "outcomes": counts, "claims": states,
+            "sigma": sigma, "sigma_df": df, "outcomes": counts, "repeats": repeats, "claims": states,
             "verified": verified, "minutes": rows}  # fmt: skip
 
 
@@ -88,15 +97,23 @@ def main() -> None:
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument(
+        "--against", choices=("alone", "fixed"), default="alone",
+        help="alone: one node with the same proposer; fixed: as many nodes with the fixed list",
+    )  # fmt: skip
+    parser.add_argument(
         "--campaign", help="a campaign file for both (default: the built-in baseline)"
     )
     parser.add_argument("--root", type=Path, default=Path("/tmp/bench-swarm"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
+    other = args.against  # its name in the output: "alone" or "fixed"
     t0 = int(time.time() * 1000)
     swarm = launch(args.root / "swarm", args.nodes, args)
-    alone = launch(args.root / "alone", 1, args)
+    if other == "alone":
+        alone = launch(args.root / other, 1, args)
+    else:
+        alone = launch(args.root / other, args.nodes, args, proposer="fixed")
     while swarm.poll() is None or alone.poll() is None:
         time.sleep(30)
         print(f"{(time.time() * 1000 - t0) / 60_000:5.1f} min", file=sys.stderr, flush=True)
@@ -105,27 +122,38 @@ def main() -> None:
     quorum, baseline = campaign_terms(args.campaign or "local")
     out = {
         "profile": args.profile, "minutes": args.minutes, "nodes": args.nodes, "quorum": quorum,
+        "against": other,
         "swarm": timeline(args.root / "swarm" / "local" / "node0", args.profile, baseline, quorum, args.minutes, t0),
-        "alone": timeline(args.root / "alone" / "local" / "node0", args.profile, baseline, quorum, args.minutes, t0),
+        other: timeline(args.root / other / "local" / "node0", args.profile, baseline, quorum, args.minutes, t0),
     }  # fmt: skip
     if args.json:
         print(json.dumps(out))
         return
     fmt = lambda v: f"{v:.4f}" if v is not None else "   -  "  # noqa: E731
+    against = "1 node alone" if other == "alone" else f"{args.nodes} nodes with the fixed list"
     print(
-        f"profile {args.profile}, {args.nodes} nodes against 1, {args.minutes:g} min, quorum {quorum}"
+        f"profile {args.profile}, {args.nodes} nodes against {against}, {args.minutes:g} min, "
+        f"quorum {quorum}"
     )
-    for name in ("swarm", "alone"):
+    for name in ("swarm", other):
         part = out[name]
         print(
             f"{name}: baseline {fmt(part['baseline'])} ({part['baseline_runs']} runs), paired noise "
-            f"{part['sigma']:.4f} ({part['sigma_df']} degrees of freedom), results {part['outcomes']}"
+            f"{part['sigma']:.4f} ({part['sigma_df']} degrees of freedom), results {part['outcomes']}, "
+            f"{part['repeats']} repeating a change a peer had measured"
         )
-    print("minute  swarm head gain (se, steps)  swarm best kept  alone best kept")
-    for s, a in zip(out["swarm"]["minutes"], out["alone"]["minutes"], strict=True):
+    if other == "alone":
+        print("minute  swarm head gain (se, steps)  swarm best kept  alone best kept")
+    else:
+        print("minute  swarm head gain (se, steps)  fixed head gain (se, steps)")
+    for s, a in zip(out["swarm"]["minutes"], out[other]["minutes"], strict=True):
         head = f"{s['head_gain']:.4f} ({s['head_se']:.4f}, {s['head_steps']})"
-        print(f"{s['minute']:6d}  {head:>28}  {fmt(s['kept']):>15}  {fmt(a['kept']):>15}")
-    for name in ("swarm", "alone"):
+        if other == "alone":
+            print(f"{s['minute']:6d}  {head:>28}  {fmt(s['kept']):>15}  {fmt(a['kept']):>15}")
+        else:
+            theirs = f"{a['head_gain']:.4f} ({a['head_se']:.4f}, {a['head_steps']})"
+            print(f"{s['minute']:6d}  {head:>28}  {theirs:>27}")
+    for name in ("swarm", other):
         print(f"{name}: claims {out[name]['claims']}")
         for v in out[name]["verified"]:
             print(

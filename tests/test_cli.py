@@ -61,6 +61,8 @@ def test_a_malformed_bootstrap_or_gpus_is_refused_before_any_key_or_data_is_writ
          "--gpus foo: pass 'all' or how many GPUs to use"),
         (["--gpus", "0"], "--gpus 0: pass 'all'"),
         (["--listen", "/ip4/127.0.0.1/tcp/notaport"], "is not a multiaddr"),
+        (["--proposer", "blind"], "--proposer blind: pass learning or fixed"),
+        (["--proposer", "fixed", "--model", "openai/m"], "leave out --model openai/m"),
     ]:  # fmt: skip
         done = swarm("join", "--profile", "test", *args, "--home", str(home))
         assert done.returncode == 1, (args, done.stderr)

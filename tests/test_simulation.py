@@ -215,10 +215,10 @@ def test_a_swarm_on_the_catalogue_runs_the_real_offline_proposer_and_reaches_its
 def test_the_fixed_list_walks_the_catalogue_blind_where_the_offline_proposer_learns():
     """The comparison's proposer: the same catalogue in its seeded order, whatever the evidence
     says; the product's proposer tries first the move a measured step favours."""
-    from node.agent.offline import OfflineProposer
+    from node.agent.offline import FixedList, OfflineProposer
     from node.agent.patch import change_hash
     from node.agent.proposers import Attempt, Context
-    from node.simulation.catalogue import BASELINE, FixedList
+    from node.simulation.catalogue import BASELINE
 
     order = [d for d, _ in FixedList(seed="n").candidates(BASELINE, "gpu")]
     up = {"MATRIX_LR 0.04 -> 0.056", "MATRIX_LR 0.04 -> 0.08"}

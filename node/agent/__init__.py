@@ -12,7 +12,7 @@ from node.agent.errors import (
     SpendingLimitReached,
 )
 from node.agent.llm import LLMProposer
-from node.agent.offline import OfflineProposer
+from node.agent.offline import FixedList, OfflineProposer
 from node.agent.patch import apply_diff, change_hash, diff_hash, make_diff, merge, normalise_diff
 from node.agent.proposers import Attempt, Context, Proposal, Proposer, context_from_ledger
 
@@ -20,6 +20,7 @@ __all__ = [
     "AgentError",
     "Attempt",
     "Context",
+    "FixedList",
     "LLMProposer",
     "ModelError",
     "OfflineProposer",

@@ -364,3 +364,13 @@ class OfflineProposer:
             "the offline proposer has tried every change it knows on this train.py; "
             "adopt a newer head, or configure a model with --model"
         )
+
+
+class FixedList(OfflineProposer):
+    """The offline proposer without what it learns: its catalogue in its seeded order, single
+    changes first, blind to the swarm's evidence and to its peers' shares. It still skips what
+    was tried on the parent. A control to measure the learning proposer against
+    (`swarm join --proposer fixed`, `scripts/simulate.py --proposer fixed`)."""
+
+    def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
+        return self.candidates(context.train_py, context.profile)

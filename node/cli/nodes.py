@@ -17,11 +17,13 @@ from node.cli.shared import (
     JsonOption,
     ListenOption,
     ProfileOption,
+    ProposerOption,
     bootstrap_addrs,
     console,
     err_console,
     gpus_option,
     prepare,
+    proposer_option,
     status_line,
     stop_on_signal,
 )
@@ -119,6 +121,7 @@ def join_cmd(
             help="Orders the offline proposer's changes, the same for the same seed (default: drawn from this node's key).",
         ),
     ] = None,
+    proposer: ProposerOption = "learning",
     sandbox: Annotated[
         bool,
         typer.Option(
@@ -148,6 +151,7 @@ def join_cmd(
     # What the user typed is checked before any home, key or data is made.
     bootstrap = bootstrap_addrs(bootstrap or [])
     gpus = gpus_option(gpus)
+    proposer = proposer_option(proposer, model)
     check_port_free(listen)  # a malformed --listen, or a port taken
     trusted = _peer_ids(trust or [])
     if quorum is not None and quorum < 1:
@@ -178,6 +182,7 @@ def join_cmd(
         quorum=quorum or spec.quorum,
         gpus=gpus,
         seed=seed,
+        proposer=proposer,
         verify_every=verify_every,
         trust=trusted,
         sandbox=None if sandbox else False,
@@ -219,6 +224,7 @@ def local_cmd(
     api_base: Annotated[
         str | None, typer.Option("--api-base", help="A local OpenAI-style server for --model.")
     ] = None,
+    proposer: ProposerOption = "learning",
     data: DataOption = None,
     fresh: Annotated[
         bool,
@@ -251,10 +257,13 @@ def local_cmd(
 
     if nodes < 1 or minutes <= 0:
         raise SwarmError("--nodes must be at least 1 and --minutes more than 0")
+    proposer = proposer_option(proposer, model)
     root = resolve_home(home) / "local"
     if fresh:
         reset(root)
-    swarm = LocalSwarm(root, nodes, profile, minutes, campaign, model, api_base, data, sandbox)
+    swarm = LocalSwarm(
+        root, nodes, profile, minutes, campaign, model, api_base, data, sandbox, proposer
+    )
     prepare(profile, data, root.parent)  # the data, built once before the nodes start
     if console.is_terminal and not as_json:
         from rich.live import Live

@@ -39,6 +39,13 @@ DataOption = Annotated[
         help="Replace the profile's data: embedded:default, embedded:small, web:fineweb-edu or urls:FILE.",
     ),
 ]
+ProposerOption = Annotated[
+    str,
+    typer.Option(
+        "--proposer",
+        help="Without --model: learning (the offline proposer, ordered by the swarm's evidence) or fixed (its catalogue in a seeded order, blind to the evidence: a control to measure it against).",
+    ),
+]
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print JSON instead of tables, for programs.")
 ]
@@ -84,6 +91,18 @@ def gpus_option(value: str) -> str:
     """--gpus: 'all' or a positive number of GPUs."""
     if value != "all" and not (value.isdigit() and int(value) >= 1):
         raise SwarmError(f"--gpus {value[:40]}: pass 'all' or how many GPUs to use, e.g. --gpus 2")
+    return value
+
+
+def proposer_option(value: str, model: str | None) -> str:
+    """--proposer: learning or fixed, and only for the offline proposer."""
+    if value not in ("learning", "fixed"):
+        raise SwarmError(f"--proposer {value[:40]}: pass learning or fixed, e.g. --proposer fixed")
+    if model and value != "learning":
+        raise SwarmError(
+            f"--proposer {value} orders the offline proposer: leave out --model {model[:40]}, "
+            f"e.g. --proposer {value} --profile cpu"
+        )
     return value
 
 

@@ -21,13 +21,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from node.agent.offline import KNOWN_EDITS, OfflineProposer, constant_values
-from node.agent.proposers import Context
+from node.agent.offline import KNOWN_EDITS, FixedList, OfflineProposer, constant_values
 from node.simulation import landscape as land
 from node.trainer import BASELINE_TRAIN_PY
 
@@ -143,14 +141,6 @@ class CatalogueLandscape:
         picked = rng.choice(len(candidates), min(64, len(candidates)), replace=False).tolist()
         return [candidates[i] for i in picked
                 if 0 <= self.bpb(candidates[i][1]) - base <= harm]  # fmt: skip
-
-
-class FixedList(OfflineProposer):
-    """The offline proposer without what it learns: its catalogue in its seeded order, single
-    changes first, blind to the swarm's evidence and to its peers' shares."""
-
-    def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
-        return self.candidates(context.train_py, context.profile)
 
 
 def calibration(seeds: range = range(32)) -> dict:
