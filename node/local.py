@@ -46,6 +46,7 @@ class LocalSwarm:
     data: str | None = None
     sandbox: bool = True
     proposer: str = "learning"  # without a model: learning, or fixed (the control)
+    seed: int = 0  # node i orders the offline proposer's changes by seed + i
     processes: list[subprocess.Popen] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=dict)  # peer id -> node0, node1, ...
 
@@ -80,7 +81,7 @@ class LocalSwarm:
                 time.sleep(0.2)
         for i, home in enumerate(self.node_homes()):
             args = ["join", "--bootstrap", address, "--listen", "/ip4/127.0.0.1/tcp/0",
-                    "--profile", self.profile, "--campaign", self.campaign, "--seed", str(i),
+                    "--profile", self.profile, "--campaign", self.campaign, "--seed", str(self.seed + i),
                     "--home", str(home)]  # fmt: skip
             if self.model:
                 args += ["--model", self.model]

@@ -36,7 +36,8 @@ def launch(
     root: Path, nodes: int, args: argparse.Namespace, proposer: str = "learning"
 ) -> subprocess.Popen:
     command = [sys.executable, "-m", "node.cli", "local", "--nodes", str(nodes), "--minutes", str(args.minutes),
-               "--profile", args.profile, "--proposer", proposer, "--fresh", "--home", str(root), "--json"]  # fmt: skip
+               "--profile", args.profile, "--proposer", proposer, "--seed", str(args.seed), "--fresh",
+               "--home", str(root), "--json"]  # fmt: skip
     if args.campaign:
         command += ["--campaign", args.campaign]
     root.mkdir(parents=True, exist_ok=True)
@@ -102,6 +103,9 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--campaign", help="a campaign file for both (default: the built-in baseline)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="node i of either swarm orders its changes by SEED + i"
     )
     parser.add_argument("--root", type=Path, default=Path("/tmp/bench-swarm"))
     parser.add_argument("--json", action="store_true")

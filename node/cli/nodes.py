@@ -225,6 +225,12 @@ def local_cmd(
         str | None, typer.Option("--api-base", help="A local OpenAI-style server for --model.")
     ] = None,
     proposer: ProposerOption = "learning",
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", help="Node i orders the offline proposer's changes by SEED + i (default 0)."
+        ),
+    ] = 0,
     data: DataOption = None,
     fresh: Annotated[
         bool,
@@ -262,7 +268,7 @@ def local_cmd(
     if fresh:
         reset(root)
     swarm = LocalSwarm(
-        root, nodes, profile, minutes, campaign, model, api_base, data, sandbox, proposer
+        root, nodes, profile, minutes, campaign, model, api_base, data, sandbox, proposer, seed
     )
     prepare(profile, data, root.parent)  # the data, built once before the nodes start
     if console.is_terminal and not as_json:
