@@ -499,6 +499,31 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
     assert "MATRIX_LR" in first_pair and "HEAD_LR" in first_pair
 
 
+def test_an_edit_measured_on_the_way_here_is_ordered_by_what_it_did_there():
+    """An edit is no move of a constant: the evidence about it is its own. One that lost on an
+    earlier version of the lineage is tried last on the new head, not again in the seed's turn;
+    one that gained there (but not past its margin) is tried first."""
+
+    def order(*earlier: Attempt) -> list[str]:
+        context = Context(BASELINE, PROGRAM, "test", earlier=earlier)
+        return [d for d, _ in OfflineProposer(0)._ordered(context) if "; " not in d]
+
+    cosine, floor = (
+        "Cosine warmdown instead of a linear one",
+        "Learning rate falls to 10% of its peak, not to zero",
+    )
+    lost = Attempt(cosine, "discard", None, "h1", "12D3KooWpeer", paired=(0.025, 0.033))
+    gained = Attempt(floor, "discard", None, "h2", "12D3KooWpeer", paired=(-0.010, -0.011))
+    plain, told = order(), order(lost, gained)
+    assert plain.index(cosine) < len(plain) - 1 and plain.index(floor) > 0  # the seed's order
+    assert told[-1] == cosine and told[0] == floor
+    assert sorted(told) == sorted(plain)  # an order, nothing dropped
+    from node.agent.offline import expected_deltas
+
+    expected = expected_deltas(Context(BASELINE, PROGRAM, "test", earlier=(lost,)))
+    assert expected == {(cosine, 0): pytest.approx(0.029)}  # no opposite of an edit is made up
+
+
 def test_the_prompt_lists_the_latest_experiments_and_the_offline_proposer_reads_them_all():
     from node.agent.llm import MAX_HISTORY_SHOWN
 

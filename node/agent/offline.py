@@ -247,6 +247,14 @@ def move(description: str) -> tuple[str, int] | None:
     return (found["name"], 1 if new > old else -1) if new != old else None
 
 
+def evidence_key(description: str) -> tuple[str, int] | None:
+    """What the evidence about a single change is kept under: its move (`move`), or for an edit
+    (a known edit, an LLM's change) its description with no way (0); None for a pair."""
+    if "; " in description:
+        return None
+    return move(description) or (description, 0)
+
+
 def expected_deltas(context: Context) -> dict[tuple[str, int], float]:
     """What the swarm's evidence says each move (a constant, up or down) does to val_bpb on this
     parent (negative is better), from every single step measured on it, by this node or a peer
@@ -254,24 +262,28 @@ def expected_deltas(context: Context) -> dict[tuple[str, int], float]:
     pooled gain: a move that won once is likely to win again a step further); for a move none
     of those measured, from the single steps measured on the way's earlier versions. A move not
     measured at all is expected to do the opposite of the move against it, by half (a constant
-    near its best sits in a valley: when down is worse, up is the way). Moves with no evidence
-    are absent."""
+    near its best sits in a valley: when down is worse, up is the way). An edit is kept under
+    its description (`evidence_key`): one measured worse on the way's earlier versions comes
+    last on this parent, one that gained there comes first. Changes with no evidence are
+    absent."""
     seen: dict[tuple[str, int], list[float]] = {}
     for judged in (*context.lineage, *context.refuted):
-        if (m := move(judged.description)) is not None:
+        if (m := evidence_key(judged.description)) is not None:
             seen.setdefault(m, []).append(-judged.gain)
     for attempt in context.history:
         deltas = attempt.paired or (() if attempt.delta is None else (attempt.delta,))
-        if (m := move(attempt.description)) is not None and deltas:
+        if (m := evidence_key(attempt.description)) is not None and deltas:
             seen.setdefault(m, []).append(statistics.fmean(deltas))
     expected = {m: statistics.fmean(d) for m, d in seen.items()}
     before: dict[tuple[str, int], list[float]] = {}
     for attempt in context.earlier:
-        if (m := move(attempt.description)) is not None and m not in seen and attempt.paired:
+        m = evidence_key(attempt.description)
+        if m is not None and m not in seen and attempt.paired:
             before.setdefault(m, []).append(statistics.fmean(attempt.paired))
     expected |= {m: statistics.fmean(d) for m, d in before.items()}
     for (name, way), delta in list(expected.items()):
-        expected.setdefault((name, -way), -OPPOSITE_SHARE * delta)
+        if way:  # an edit has no opposite
+            expected.setdefault((name, -way), -OPPOSITE_SHARE * delta)
     return expected
 
 
@@ -337,7 +349,7 @@ class OfflineProposer:
             theirs = bool(peers) and (
                 share_of(_change_hash(context.train_py, child), peers) != context.me
             )
-            guess = sum(expected.get(move(part), 0.0) for part in description.split("; "))
+            guess = sum(expected.get(evidence_key(part), 0.0) for part in description.split("; "))
             return theirs, "; " in description, guess, index
 
         for _, candidate in sorted(enumerate(candidates), key=place):
