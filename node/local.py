@@ -82,17 +82,11 @@ class LocalSwarm:
         for i, home in enumerate(self.node_homes()):
             args = ["join", "--bootstrap", address, "--listen", "/ip4/127.0.0.1/tcp/0",
                     "--profile", self.profile, "--campaign", self.campaign, "--seed", str(self.seed + i),
-                    "--home", str(home)]  # fmt: skip
-            if self.model:
-                args += ["--model", self.model]
-            if self.api_base:
-                args += ["--api-base", self.api_base]
-            if self.data:
-                args += ["--data", self.data]
-            if not self.sandbox:
-                args.append("--no-sandbox")
-            if self.proposer != "learning":
-                args += ["--proposer", self.proposer]
+                    "--home", str(home), *(["--no-sandbox"] if not self.sandbox else [])]  # fmt: skip
+            for option, value in (("--model", self.model), ("--api-base", self.api_base),
+                                  ("--data", self.data), ("--proposer", self.proposer)):  # fmt: skip
+                if value:
+                    args += [option, value]
             self._spawn(args, home / "node.log", env)
 
     def failed(self) -> list[str]:
