@@ -314,7 +314,8 @@ def _work(
 ) -> None:
     """One research worker: its own ledger connection and proposer, step after step until
     stopped, saying what it does as it changes (a run begun, an outcome)."""
-    from node.agent import AgentError, FixedList, LLMProposer, OfflineProposer
+    from node.agent import AgentError, LLMProposer
+    from node.agent.offline import OFFLINE_PROPOSERS
     from node.agent.researcher import Researcher
     from node.ledger import Ledger, ledger_path
     from node.trainer import BASELINE_TRAIN_PY, RunCancelled, run_experiment
@@ -329,7 +330,7 @@ def _work(
             config.model, config.api_base, config.max_cost_usd, spent_path=home / "llm-spend.json"
         )
     else:
-        proposer = (FixedList if config.proposer == "fixed" else OfflineProposer)(seed=seed)
+        proposer = OFFLINE_PROPOSERS[config.proposer](seed=seed)
     sandbox = confined(config)
     trusted = None if sandbox or config.sandbox is False else set(config.trust).__contains__
     run = functools.partial(run_experiment, sandbox=sandbox, cancel=stop, gpu=device, turns=turns)

@@ -115,13 +115,13 @@ def main() -> None:
     t0 = int(time.time() * 1000)
     swarm = launch(args.root / "swarm", args.nodes, args)
     if other == "alone":
-        alone = launch(args.root / other, 1, args)
+        control = launch(args.root / other, 1, args)
     else:
-        alone = launch(args.root / other, args.nodes, args, proposer="fixed")
-    while swarm.poll() is None or alone.poll() is None:
+        control = launch(args.root / other, args.nodes, args, proposer="fixed")
+    while swarm.poll() is None or control.poll() is None:
         time.sleep(30)
         print(f"{(time.time() * 1000 - t0) / 60_000:5.1f} min", file=sys.stderr, flush=True)
-    if swarm.returncode or alone.returncode:
+    if swarm.returncode or control.returncode:
         raise SystemExit(f"a local swarm failed: see {args.root}/*/bench.log")
     quorum, baseline = campaign_terms(args.campaign or "local")
     out = {

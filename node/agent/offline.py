@@ -386,3 +386,10 @@ class FixedList(OfflineProposer):
 
     def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
         return self.candidates(context.train_py, context.profile)
+
+
+# `--proposer`: the offline proposers a node can run, by name
+OFFLINE_PROPOSERS: dict[str, type[OfflineProposer]] = {
+    "learning": OfflineProposer,
+    "fixed": FixedList,
+}

@@ -95,9 +95,12 @@ def gpus_option(value: str) -> str:
 
 
 def proposer_option(value: str, model: str | None) -> str:
-    """--proposer: learning or fixed, and only for the offline proposer."""
-    if value not in ("learning", "fixed"):
-        raise SwarmError(f"--proposer {value[:40]}: pass learning or fixed, e.g. --proposer fixed")
+    """--proposer: one of the offline proposers (`OFFLINE_PROPOSERS`), and only without a model."""
+    from node.agent.offline import OFFLINE_PROPOSERS
+
+    if value not in OFFLINE_PROPOSERS:
+        names = " or ".join(OFFLINE_PROPOSERS)
+        raise SwarmError(f"--proposer {value[:40]}: pass {names}, e.g. --proposer fixed")
     if model and value != "learning":
         raise SwarmError(
             f"--proposer {value} orders the offline proposer: leave out --model {model[:40]}, "
