@@ -120,6 +120,7 @@ def research_step(
     context = context_from_ledger(
         ledger, head.source, profile.name, program, me=me.peer_id, parent_val_bpb=head.val_bpb
     )
+    context = dataclasses.replace(context, sigma=sigma)
     if crew is not None:  # what the node's other workers are running now
         context = dataclasses.replace(context, history=crew.running(head.sha256) + context.history)
     try:

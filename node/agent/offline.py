@@ -12,6 +12,7 @@ import ast
 import functools
 import hashlib
 import itertools
+import math
 import random
 import re
 import statistics
@@ -22,6 +23,7 @@ from node.agent.errors import PatchError, ProposalRefused
 from node.agent.patch import change_hash, check_source
 from node.agent.proposers import Context, Proposal
 from node.trainer import policy
+from node.trainer.profiles import PROFILES, Profile
 
 SKIP_CONSTANTS = frozenset({"LOG_EVERY", "COMPILE"})  # no effect on what the model learns
 FLOAT_FACTORS = (0.5, 0.7, 1.4, 2.0)
@@ -229,9 +231,16 @@ def unread_constants(context: Context) -> set[str]:
 _MOVE = re.compile(
     r"^(?P<name>.+?) (?P<old>[-+.0-9e]+) -> (?P<new>[-+.0-9e]+)(?: on the \w+ profile)?$"
 )
-OPPOSITE_SHARE = (
-    0.5  # of a measured step's effect, the opposite step is expected to have minus this
-)
+# What a single change does to val_bpb before any evidence about it: normal about 0, with the
+# spread the swarm measured for changes of its kind (the profile's model-size row, or the rest),
+# counted as PRIOR_WEIGHT measurements of EFFECT_SD paired sigmas (the node's, `Context.sigma`).
+EFFECT_SD = 1.0
+PRIOR_WEIGHT = 4
+LEAST_SPREAD = 0.25  # sigmas
+SAME_EFFECT = 0.7  # correlation of a move's effect here with its effect on the way here
+OPTIMISM = 1.0  # a change is placed by its belief's mean minus this many of its sds
+# Of a measured move's effect, the opposite move is expected to have minus this share.
+OPPOSITE_SHARE = 0.5
 
 
 def move(description: str) -> tuple[str, int] | None:
@@ -255,36 +264,107 @@ def evidence_key(description: str) -> tuple[str, int] | None:
     return move(description) or (description, 0)
 
 
-def expected_deltas(context: Context) -> dict[tuple[str, int], float]:
-    """What the swarm's evidence says each move (a constant, up or down) does to val_bpb on this
-    parent (negative is better), from every single step measured on it, by this node or a peer
-    (its mean paired difference), and from the steps verified or refuted on the way here (their
-    pooled gain: a move that won once is likely to win again a step further); for a move none
-    of those measured, from the single steps measured on the way's earlier versions. A move not
-    measured at all is expected to do the opposite of the move against it, by half (a constant
-    near its best sits in a valley: when down is worse, up is the way). An edit is kept under
-    its description (`evidence_key`): one measured worse on the way's earlier versions comes
-    last on this parent, one that gained there comes first. Changes with no evidence are
-    absent."""
-    seen: dict[tuple[str, int], list[float]] = {}
+@dataclass(frozen=True)
+class Belief:
+    """What a move is expected to do to val_bpb on the parent (negative is better): a normal."""
+
+    mean: float
+    sd: float
+
+    def given(self, looks: list[tuple[float, float]]) -> Belief:
+        """This belief moved by measurements, each (value, its variance): the normal posterior."""
+        precision = self.sd**-2 + sum(1 / var for _, var in looks)
+        mean = (self.mean * self.sd**-2 + sum(v / var for v, var in looks)) / precision
+        return Belief(mean, precision**-0.5)
+
+    @property
+    def score(self) -> float:
+        """Where the move is placed, lowest first: what it may do at best, within reason (the
+        mean less OPTIMISM sds), so that a measured difference inside the noise is no lead over
+        a move nobody measured, and a move with room to surprise comes before one without."""
+        return self.mean - OPTIMISM * self.sd
+
+
+def sigma_of(context: Context) -> float:
+    """The paired noise the evidence is weighed with: the node's, else its profile's prior."""
+    if context.sigma:
+        return context.sigma
+    profile = PROFILES.get(context.profile)
+    return profile.paired_noise if profile else Profile.paired_noise
+
+
+@dataclass(frozen=True)
+class Beliefs:
+    """What the evidence says of each move on a parent (`beliefs`)."""
+
+    known: dict[tuple[str, int], Belief]
+    spread: dict[bool, float]  # a move's prior sd, by whether it steps the model-size row
+    wide: frozenset[str]  # the constants of the profile's model-size row
+
+    def of(self, description: str) -> Belief:
+        """The belief about a change: a single one's, or of a pair, its two moves' sum."""
+        parts = [self._one(evidence_key(part)) for part in description.split("; ")]
+        return Belief(sum(b.mean for b in parts), math.hypot(*(b.sd for b in parts)))
+
+    def _one(self, m: tuple[str, int] | None) -> Belief:
+        return self.known.get(m) or Belief(0.0, self.spread[bool(m) and m[0] in self.wide])
+
+
+def beliefs(context: Context, wide: frozenset[str] = frozenset()) -> Beliefs:
+    """What the swarm's evidence says each move (a constant, up or down; an edit,
+    `evidence_key`) does on this parent: a normal belief per move.
+
+    A move starts at N(0, the spread of its kind): the root mean square of the single steps of
+    that kind (the constants of `wide`, the profile's model-size row, or the others) measured on
+    this parent and the way's earlier versions, less their noise, with PRIOR_WEIGHT measurements
+    of EFFECT_SD sigmas. The steps verified or refuted on the way here (their pooled gain and
+    standard error) and those measured on the way's earlier versions (mean paired difference,
+    sigma^2 / seeds) tell what the move did there, which says SAME_EFFECT of what it does here;
+    every single step measured on this parent, by this node or a peer, moves it last (one with
+    no pairs by its unpaired difference, 2 sigma^2). A move none of these measured, whose
+    opposite they did, starts at minus OPPOSITE_SHARE of the opposite's mean (a constant near
+    its best sits in a valley: when down is worse, up is the way); an edit has no opposite."""
+    sigma = sigma_of(context)
+    before: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    here: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for judged in (*context.lineage, *context.refuted):
         if (m := evidence_key(judged.description)) is not None:
-            seen.setdefault(m, []).append(-judged.gain)
-    for attempt in context.history:
-        deltas = attempt.paired or (() if attempt.delta is None else (attempt.delta,))
-        if (m := evidence_key(attempt.description)) is not None and deltas:
-            seen.setdefault(m, []).append(statistics.fmean(deltas))
-    expected = {m: statistics.fmean(d) for m, d in seen.items()}
-    before: dict[tuple[str, int], list[float]] = {}
-    for attempt in context.earlier:
-        m = evidence_key(attempt.description)
-        if m is not None and m not in seen and attempt.paired:
-            before.setdefault(m, []).append(statistics.fmean(attempt.paired))
-    expected |= {m: statistics.fmean(d) for m, d in before.items()}
-    for (name, way), delta in list(expected.items()):
-        if way:  # an edit has no opposite
-            expected.setdefault((name, -way), -OPPOSITE_SHARE * delta)
-    return expected
+            var = judged.se**2 if judged.se > 0 else sigma**2 / max(1, judged.seeds)
+            before.setdefault(m, []).append((-judged.gain, var))
+    measured: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    for attempts, into in ((context.earlier, before), (context.history, here)):
+        for attempt in attempts:
+            if (m := evidence_key(attempt.description)) is None:
+                continue
+            if attempt.paired:
+                look = (statistics.fmean(attempt.paired), sigma**2 / len(attempt.paired))
+            elif attempt.delta is not None and into is here:
+                look = (attempt.delta, 2 * sigma**2)
+            else:
+                continue
+            into.setdefault(m, []).append(look)
+            measured[m[0] in wide].append(look)
+    spread = {kind: _spread(looks, sigma) for kind, looks in measured.items()}
+    out: dict[tuple[str, int], Belief] = {}
+    for m in before.keys() | here.keys():
+        belief = Belief(0.0, spread[m[0] in wide])
+        if m in before:  # what it did there, then what that says of here
+            there = belief.given(before[m])
+            rest = belief.sd**2 * (1 - SAME_EFFECT**2)
+            belief = Belief(SAME_EFFECT * there.mean, (SAME_EFFECT**2 * there.sd**2 + rest) ** 0.5)
+        out[m] = belief.given(here.get(m, []))
+    for (name, way), belief in list(out.items()):
+        if way and (name, -way) not in out:
+            out[(name, -way)] = Belief(-OPPOSITE_SHARE * belief.mean, spread[name in wide])
+    return Beliefs(out, spread, wide)
+
+
+def _spread(looks: list[tuple[float, float]], sigma: float) -> float:
+    """The sd of what changes of one kind do, from their measurements (value, its variance):
+    their mean square less the noise's, with PRIOR_WEIGHT measurements of EFFECT_SD sigmas."""
+    excess = sum(value**2 - var for value, var in looks)
+    square = (excess + PRIOR_WEIGHT * (EFFECT_SD * sigma) ** 2) / (len(looks) + PRIOR_WEIGHT)
+    return max(square, (LEAST_SPREAD * sigma) ** 2) ** 0.5
 
 
 def share_of(change: str, peers: frozenset[str] | set[str]) -> str | None:
@@ -337,20 +417,22 @@ class OfflineProposer:
         """The candidates in the order this node tries them: this node's share first when it
         knows itself and its peers, so that no two nodes start on one change (a node whose share
         holds no single step starts on its pairs, not on another node's single); single steps
-        before pairs within each; then the moves the evidence favours first and those it
-        disfavours last (`expected_deltas`; a pair, the sum of its two), the rest in the seed's
-        order."""
+        before pairs within each; then by what the swarm's evidence, with its uncertainty, says
+        the change may do at best (`beliefs`, `Belief.score`; a pair, its two moves' sum); ties
+        (moves of one prior, unmeasured) in the seed's order."""
         candidates = self.candidates(context.train_py, context.profile)
         peers = context.active | {context.me} if context.me else frozenset()
-        expected = expected_deltas(context)
+        rows = frozenset(
+            n for names, _ in _rows_of(context.train_py, context.profile) for n in names
+        )
+        known = beliefs(context, rows)
 
         def place(item: tuple[int, tuple[str, str]]) -> tuple[bool, bool, float, int]:
             index, (description, child) = item
             theirs = bool(peers) and (
                 share_of(_change_hash(context.train_py, child), peers) != context.me
             )
-            guess = sum(expected.get(evidence_key(part), 0.0) for part in description.split("; "))
-            return theirs, "; " in description, guess, index
+            return theirs, "; " in description, known.of(description).score, index
 
         for _, candidate in sorted(enumerate(candidates), key=place):
             yield candidate

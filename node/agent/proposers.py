@@ -61,6 +61,7 @@ class Context:
     me: str | None = None  # this node's peer id
     active: frozenset[str] = frozenset()  # peers that researched lately (published a result)
     earlier: tuple[Attempt, ...] = ()  # experiments on the lineage's earlier versions, paired
+    sigma: float | None = None  # the node's paired noise (None: its profile's prior)
 
     @property
     def parent(self) -> str:
