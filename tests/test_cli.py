@@ -153,12 +153,13 @@ def test_status_and_peers_say_when_a_node_stopped_and_round_what_they_show(tmp_p
         (home / "status").mkdir()  # what a research worker writes as it goes
         (home / "status" / "worker-0.json").write_text(json.dumps(
             {"doing": "research: training", "profile": "test", "head": "ab" * 32,
-             "head_val_bpb": 2.309579818357533, "steps": 3}))  # fmt: skip
+             "head_val_bpb": 2.309579818357533, "steps": 3, "proposer": "fixed"}))  # fmt: skip
         for command in ("status", "peers"):
             live = swarm(command, "--home", str(home))
             assert live.returncode == 0 and "not running" not in live.stdout, live.stdout
         shown = swarm("status", "--home", str(home)).stdout
         assert "val_bpb 2.3096 " in shown and "2.30957" not in shown
+        assert re.search(r"proposer +│ fixed", shown), shown
         assert re.search(r"updated +│ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s ago\)", shown), (
             shown
         )

@@ -221,6 +221,7 @@ class QueuedProposer:
 
     def __init__(self, inner: Proposer) -> None:
         self.inner = inner
+        self.kind = getattr(inner, "kind", type(inner).__name__)
         self.queue: list[_Queued] = []
         self.last_queued = False  # whether the last proposal came from the queue (a merge)
         self.last_verified = False  # whether its changes were verified wins (a merge of them)

@@ -214,6 +214,7 @@ class LLMProposer:
         if api_key is None:
             api_key = _key_or_placeholder(litellm, model, api_base)
         self.model, self.api_base, self.api_key = model, api_base, api_key
+        self.kind = f"model {model}"  # for `swarm status`
         self.max_cost_usd, self.max_attempts, self.backoff_s = max_cost_usd, max_attempts, backoff_s
         self.timeout_s, self.max_tokens, self.temperature = timeout_s, max_tokens, temperature
         self.spent_path, self._sleep = spent_path, sleep

@@ -389,6 +389,8 @@ class OfflineProposer:
     try sixteen different changes at once, and a quiet node's share passes to the others.
     """
 
+    kind = "learning"  # its name for `--proposer` and `swarm status`
+
     def __init__(self, seed: int | str = 0) -> None:
         self.seed = seed
         self._proposed: set[tuple[str, str]] = set()  # (parent, change hash) given out already
@@ -466,12 +468,13 @@ class FixedList(OfflineProposer):
     was tried on the parent. A control to measure the learning proposer against
     (`swarm join --proposer fixed`, `scripts/simulate.py --proposer fixed`)."""
 
+    kind = "fixed"
+
     def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
         return self.candidates(context.train_py, context.profile)
 
 
 # `--proposer`: the offline proposers a node can run, by name
 OFFLINE_PROPOSERS: dict[str, type[OfflineProposer]] = {
-    "learning": OfflineProposer,
-    "fixed": FixedList,
+    p.kind: p for p in (OfflineProposer, FixedList)
 }

@@ -79,6 +79,8 @@ class Proposal:
 
 
 class Proposer(Protocol):
+    kind: str  # what it is, for a person: "learning", "fixed", "model NAME"
+
     def propose(self, context: Context) -> Proposal: ...
 
 

@@ -775,6 +775,6 @@ class Researcher:
             "head_val_bpb": self.head.val_bpb if self.head else None,
             "adopted": self.adopted, "margin": self.margin, "sigma": self.sigma,
             "sigma_df": self.sigma_df, "steps": self.steps,
-            "pending_verifications": self.pending,
+            "pending_verifications": self.pending, "proposer": self.proposer.kind,
             "model_usage": vars(usage) if usage is not None else None,
         }  # fmt: skip

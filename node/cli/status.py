@@ -137,6 +137,7 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
             prior = "" if df else ": the prior"
             noise += f"  (paired sigma {sigma:.4f}, {df or 0} degrees of freedom{prior})"
         table.add_row("noise margin", noise)
+        table.add_row("proposer", safe_text(worker.get("proposer") or "-"))
         table.add_row("steps", str(worker.get("steps")))
         table.add_row("verifications pending", str(worker.get("pending_verifications", "-")))
         table.add_row(

@@ -156,6 +156,8 @@ class SimProposer:
     """A proposer over the ideas: turn one idea on or off, never a change already tried on the
     parent (by this node or a peer: the context's tried hashes)."""
 
+    kind = "ideas"
+
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
         self.tried: dict[str, set[int]] = {}  # parent -> ideas known tried on it
