@@ -310,12 +310,12 @@ class Beliefs:
         return self.known.get(m) or Belief(0.0, self.spread[bool(m) and m[0] in self.wide])
 
 
-def beliefs(context: Context, wide: frozenset[str] = frozenset()) -> Beliefs:
+def beliefs(context: Context) -> Beliefs:
     """What the swarm's evidence says each move (a constant, up or down; an edit,
     `evidence_key`) does on this parent: a normal belief per move.
 
     A move starts at N(0, the spread of its kind): the root mean square of the single steps of
-    that kind (the constants of `wide`, the profile's model-size row, or the others) measured on
+    that kind (the constants of the profile's model-size row, or the others) measured on
     this parent and the way's earlier versions, less their noise, with PRIOR_WEIGHT measurements
     of EFFECT_SD sigmas. The steps verified or refuted on the way here (their pooled gain and
     standard error) and those measured on the way's earlier versions (mean paired difference,
@@ -325,6 +325,7 @@ def beliefs(context: Context, wide: frozenset[str] = frozenset()) -> Beliefs:
     opposite they did, starts at minus OPPOSITE_SHARE of the opposite's mean (a constant near
     its best sits in a valley: when down is worse, up is the way); an edit has no opposite."""
     sigma = sigma_of(context)
+    wide = frozenset(n for names, _ in _rows_of(context.train_py, context.profile) for n in names)
     before: dict[tuple[str, int], list[tuple[float, float]]] = {}
     here: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for judged in (*context.lineage, *context.refuted):
@@ -424,10 +425,7 @@ class OfflineProposer:
         (moves of one prior, unmeasured) in the seed's order."""
         candidates = self.candidates(context.train_py, context.profile)
         peers = context.active | {context.me} if context.me else frozenset()
-        rows = frozenset(
-            n for names, _ in _rows_of(context.train_py, context.profile) for n in names
-        )
-        known = beliefs(context, rows)
+        known = beliefs(context)
 
         def place(item: tuple[int, tuple[str, str]]) -> tuple[bool, bool, float, int]:
             index, (description, child) = item
