@@ -200,13 +200,17 @@ def seeds_to_replay(
     device: str,
     tolerance: float,
     contested_only: bool = False,
+    at_once: int | None = None,
 ) -> list[int]:
     """The seeds of other peers' reports on a claim that `me`, on `device`, could replay
     (`looks`: the claim's verification rows), the first to replay first: contested seeds,
     since one more report decides each; then (unless `contested_only`) seeds nobody replayed
-    yet, of peers that no replay corroborated or contradicted on this claim so far. Within
-    each, in the order of a hash of `me` and the seed: nodes that look at once replay
-    different seeds, a peer's in proportion to its reports."""
+    yet, of peers that no replay corroborated or contradicted on this claim so far: with
+    `at_once`, only that many of them, the first in an order every node shares (a hash of the
+    claim and the seed), so that a few replays settle whether the verdict holds without them
+    instead of a replay of every look at once. Within each, in the order of a hash of `me` and
+    the seed: nodes that look at once replay different seeds, a peer's in proportion to its
+    reports."""
     looks = list(looks)
     mine = {v["seed"] for v in looks if v["author"] == me}
     scored = ("child_val_bpb", "parent_val_bpb")
@@ -221,8 +225,11 @@ def seeds_to_replay(
     known = checked.contradicted | checked.agreed  # peers a replay already judged
     alone = [seed for seed, peers in reporters.items() if len(peers) == 1 and not peers & known]
 
-    def order(seeds: list[int]) -> list[int]:
-        return sorted(seeds, key=lambda seed: hashlib.sha256(f"{me} {seed}".encode()).digest())
+    def order(seeds: list[int], by: str = me) -> list[int]:
+        return sorted(seeds, key=lambda seed: hashlib.sha256(f"{by} {seed}".encode()).digest())
+
+    if at_once is not None and looks:
+        alone = order(alone, looks[0]["result"])[:at_once]
 
     return order(contested) + ([] if contested_only else order(alone))
 

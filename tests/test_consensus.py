@@ -269,6 +269,10 @@ def test_a_replay_is_due_while_a_verdict_rests_on_looks_nobody_replayed():
     firsts = {evidence.seeds_to_replay(made_up, f"h{k}", "a", "cpu", RULES.tolerance)[0]
               for k in range(12)}  # fmt: skip
     assert firsts == {10, 11, 12}  # nodes that replay at once start from different seeds
+    # a few at a time: the same few seeds on every node, whoever asks
+    few = [evidence.seeds_to_replay(made_up, f"h{k}", "a", "cpu", RULES.tolerance, at_once=2)
+           for k in range(12)]  # fmt: skip
+    assert all(len(s) == 2 for s in few) and len({seed for s in few for seed in s}) == 2
     assert evidence.seeds_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance, True) == []
     assert evidence.seeds_to_replay(made_up, "h1", "a", "gpu", RULES.tolerance) == []
     tie = [*made_up, report("r1", "h1", 11, 1.531, 1.530)]
