@@ -575,7 +575,7 @@ class Researcher:
             self.work_dir, seeds=self.seeds(),
             parent_score=lambda seed: self.score_at(head.source, seed),
             calibrating=self.calibrate and self.sigma_df < CALIBRATION_DF, program=self.program,
-            check=self.check,
+            check=self.check, one_seed=lambda: self.proposer.last_verified,
             on_event=self.now.event, run=self._run, crew=self.crew, margin=self._margin,
         )  # fmt: skip
 
@@ -583,7 +583,7 @@ class Researcher:
         """The paired gain over `runs` seeds this node keeps a change at: its noise margin
         (`consensus.margin_for`), but for a merge of wins the swarm verified, any gain: their
         looks already measured them, and the child's own committee judges it; the node only
-        checks that they survived the move onto the head, on two seeds."""
+        checks that they survived the move onto the head, on one seed (`research_step`)."""
         if self.proposer.last_verified:
             return 0.0
         return consensus.margin_for(self.sigma, runs)
