@@ -208,7 +208,8 @@ def seeds_to_replay(
     yet, of peers that no replay corroborated or contradicted on this claim so far: with
     `at_once`, only that many of them, the first in an order every node shares (a hash of the
     claim and the seed), so that a few replays settle whether the verdict holds without them
-    instead of a replay of every look at once. Within each, in the order of a hash of `me` and
+    instead of a replay of every look at once (`Researcher._replay_seed` lifts it once a replay
+    of the claim disagreed). Within each, in the order of a hash of `me` and
     the seed: nodes that look at once replay different seeds, a peer's in proportion to its
     reports."""
     looks = list(looks)

@@ -946,14 +946,11 @@ def test_an_adopter_replays_a_seed_of_looks_nobody_replayed_and_a_made_up_one_is
     assert best_head(book, "test", sha(BASELINE)) == sha(BASELINE)
 
 
-def test_adopters_at_once_replay_a_few_seeds_between_them_and_the_rest_their_own(
-    book, alice, bob, tmp_path
-):
-    """A win verified by four peers' looks that nobody replayed, and eight nodes that adopt it
-    at once, each unaware of the others' re-scores: a committee's worth of them replay one of
-    those seeds each, one replayer a seed; the others re-score on their own first seed, the
-    run their research from the head pairs with. Every look replayed at once would cost every
-    adopter three runs for a head a few replays settle."""
+def test_nodes_auditing_at_once_replay_a_few_seeds_between_them(book, alice, bob, tmp_path):
+    """A win verified by four peers' looks that nobody replayed, and eight nodes on it that
+    audit the head's lineage at once, each unaware of the others: a committee's worth of them
+    replay one of those seeds each, one replayer a seed, while the replays agree; not one
+    replay per look at once. Once a replay disagreed with a look, every such seed is due."""
     claim = _claim(book, alice, BASELINE, NARROW, 0.05, "a win")
     for k, who in enumerate((bob, DAVE, ERIN, FRANK)):
         for seed in range(100 * (k + 1), 100 * (k + 1) + consensus.HOLD_LOOKS):
@@ -964,28 +961,41 @@ def test_adopters_at_once_replay_a_few_seeds_between_them_and_the_rest_their_own
             book.ingest(
                 wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), look).raw
             )
-    adopters = [Identity(bytes(range(10 + k, 42 + k))) for k in range(8)]
-    for who in adopters:  # active peers all: each ran an experiment of its own
+    auditors = [Identity(bytes(range(10 + k, 42 + k))) for k in range(8)]
+    for who in auditors:  # active peers all: each ran an experiment of its own
         body = wire.result_body(
             parent=sha(BASELINE), child=sha(SOFTCAP), diff=b"d", description="softcap",
             profile="test", harness=harness_sha256(PROFILE), seed=1, outcome="discard",
             metrics={"val_bpb": 1.52, "steps": 1, "tokens": 1}, pairs=[(1, 1.52, 1.5)],
         )  # fmt: skip
         book.ingest(wire.sign(who, "result", CAMPAIGN, book.next_seq(who.public_key), body).raw)
-    replays, own = [], 0
-    for k, who in enumerate(adopters):
-        with ledger_of(tmp_path, f"n{k}") as theirs:
-            gossip(book, theirs)
-            node = researcher(theirs, who, tmp_path / f"n{k}", Scripted(), Landscape())
-            node.start()
-            assert node.adopted == sha(NARROW) and node.rescored is not None
-            seed = node.rescored.fact.body["seed"]
-            if seed == node.seeds()[0]:
-                own += 1
-            else:
-                replays.append(seed)
-    assert 1 <= len(replays) <= book.rules("test").committee_size
-    assert len(set(replays)) == len(replays) and own == len(adopters) - len(replays)
+
+    def replays(disagreed: bool) -> list[int]:
+        seeds = []
+        for k, who in enumerate(auditors):
+            with ledger_of(tmp_path, f"{disagreed}{k}") as theirs:
+                gossip(book, theirs)
+                node = researcher(theirs, who, tmp_path / f"{disagreed}{k}", Scripted(),
+                                  Landscape(), verify_every=0)  # fmt: skip
+                node.start()
+                assert node.adopted == sha(NARROW)
+                seed = node._replay_seed(node._claim_row(claim.id))
+                if seed is not None:
+                    seeds.append(seed)
+        return seeds
+
+    calm = replays(False)
+    assert 1 <= len(calm) <= book.rules("test").committee_size == 3
+    assert len(set(calm)) == len(calm)
+    # a replay by another peer that differs from one of bob's looks: every seed is due
+    made_up = wire.verification_body(
+        result=claim.id, child_val_bpb=1.5, parent_val_bpb=1.5, seed=100, profile="test",
+        harness=harness_sha256(PROFILE), verdict="refute",
+    )  # fmt: skip
+    grace = Identity(bytes(range(6, 38)))
+    book.ingest(wire.sign(grace, "verification", CAMPAIGN, book.next_seq(grace.public_key),
+                          made_up).raw)  # fmt: skip
+    assert len(replays(True)) > len(calm)
 
 
 def test_looks_that_revoke_an_adopted_win_move_every_node_back(book, alice, bob, carol, tmp_path):

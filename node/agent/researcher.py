@@ -430,29 +430,30 @@ class Researcher:
         claim = min(due, key=lambda r: (judged[r["id"]].seeds, r["id"]))
         return self._look(claim, "audit", replays[claim["id"]])
 
-    def _replay_seed(self, claim: dict, contested_only: bool = False) -> int | None:
-        """The seed of another peer's look at `claim` this node should replay: a contested one,
-        or (unless `contested_only`) one of a peer no replay corroborated yet, on the side of
-        the claim's verdict while it rests on such peers' looks (`consensus.unchecked_side`:
-        their gains behind a win, their losses behind a refutation its author's numbers
-        contradict): the first of `evidence.seeds_to_replay` this node is drawn to replay
-        (`_replayer`), one peer a seed; of those nobody replayed, a committee's worth at a time
-        and one more every ACTIVE_MS since the claim: each replay that corroborates a peer takes
-        its looks off the list, until the verdict holds on such looks alone. None: none due."""
+    def _replay_seed(self, claim: dict, contested_only: bool = False, drawn: bool = True):
+        """The seed (or None) of another peer's look at `claim` to replay: a contested one, or
+        (unless `contested_only`) one no replay corroborated, on the side of the verdict while it
+        rests on such looks (`consensus.unchecked_side`): the first of
+        `evidence.seeds_to_replay`, or (`drawn`) the first this node is drawn for (`_replayer`),
+        one peer a seed, and while every replay of the claim agreed, of a committee's worth of
+        such seeds at a time, and one more every ACTIVE_MS since the claim."""
         looks = self.ledger.rows(
             f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
         )
         row = self._claim_row(claim["id"]) or claim
         rules = self.ledger.rules(self.profile.name, self.quorum)
         side = 0 if contested_only else consensus.unchecked_side(row, looks, rules)
+        found = evidence.cross_check(looks, rules.tolerance)  # a look no run stands behind?
+        waited = max(0, self.ledger.clock() - row["time"]) // ACTIVE_MS
+        calm = drawn and not (found.contradicted or found.contested)
+        few = rules.committee_size + waited if calm else None
         if side:
             looks = [v for v in looks if v["delta"] is not None and (side > 0) == (v["delta"] < 0)]
-        waited = max(0, self.ledger.clock() - row["time"]) // ACTIVE_MS
         seeds = evidence.seeds_to_replay(
             looks, self.me.peer_id, claim["author"], noise.device_of(self.ledger, self.profile.name),
-            self.profile.replay_tolerance, not side, at_once=rules.committee_size + waited,
+            self.profile.replay_tolerance, not side, at_once=few,
         )  # fmt: skip
-        return next((seed for seed in seeds if self._replayer(row, seed)), None)
+        return next((seed for seed in seeds if not drawn or self._replayer(row, seed)), None)
 
     def _recheck(self) -> Verified | None:
         """A replay of a seed behind the refutation of a claim on the adopted head that its
@@ -581,9 +582,8 @@ class Researcher:
 
     def _margin(self, runs: int) -> float:
         """The paired gain over `runs` seeds this node keeps a change at: its noise margin
-        (`consensus.margin_for`), but for a merge of wins the swarm verified, any gain: their
-        looks already measured them, and the child's own committee judges it; the node only
-        checks that they survived the move onto the head, on one seed (`research_step`)."""
+        (`consensus.margin_for`), but for a merge of wins the swarm verified, any gain, on one
+        seed: their looks measured them, and the merge's committee judges it (`research_step`)."""
         if self.proposer.last_verified:
             return 0.0
         return consensus.margin_for(self.sigma, runs)
@@ -691,14 +691,14 @@ class Researcher:
         published: the child on this node's next seed for it (its k-th look at the claim, its
         k-th seed), paired with its own score of the parent. A re-score or an audit runs instead
         on the seed of another peer's look that no replay corroborated yet, while the claim's
-        verdict rests on such looks and this node is drawn for the seed (`_replay_seed`: a few
-        such seeds at a time, one peer each), and a verification on a contested seed: a look no
-        run stands behind is then contradicted (an adopter not drawn re-scores on its own seed,
-        which its research pairs with). `author_seed`: replay the author's first seed too
-        (`verify_claim`), which the peer drawn for it does in an audit (`_replays_due`), and a
-        verification does when the claim awaits it (its author claimed a gain far above what its
-        verifiers measured: `evidence.judge`). `replay`: the seed to replay, when the caller
-        found it already; `find_replay` False: this node's own seed, whatever the other looks. None when another worker has it or it cannot run here."""
+        verdict rests on such looks (every adopter re-scores, each on a seed spread by hash, so
+        that a fake is out fast; an audit only when drawn for the seed: `_replay_seed`), and a
+        verification on a contested seed: a look no run stands behind is then contradicted.
+        `author_seed`: replay the author's first seed too (`verify_claim`), which the peer drawn
+        for it does in an audit (`_replays_due`), and a verification does when the claim awaits
+        it (its author claimed a gain far above what its verifiers measured: `evidence.judge`).
+        `replay`: the seed to replay, when the caller found it already; `find_replay` False:
+        this node's own seed. None when another worker has it or it cannot run here."""
         claim = self._claim_row(claim["id"]) or claim  # the result as stored, its pairs with it
         if not self.crew.take("verify", claim["id"]):
             return None
@@ -712,8 +712,8 @@ class Researcher:
         )[0]["n"]
         seed = self.seeds(looks + 1)[looks]
         if replay is None and find_replay:  # a verification decides a contested report
-            # first; a re-score or an audit replays any it is drawn for
-            replay = self._replay_seed(claim, why == "verify")
+            # first; a re-score replays any, an audit one it is drawn for
+            replay = self._replay_seed(claim, why == "verify", drawn=why != "re-score")
         seed = seed if replay is None else replay
         if why == "verify" and not author_seed:  # an author's word its verifiers doubt
             rows = self.ledger.rows(
