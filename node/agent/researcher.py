@@ -430,13 +430,14 @@ class Researcher:
         claim = min(due, key=lambda r: (judged[r["id"]].seeds, r["id"]))
         return self._look(claim, "audit", replays[claim["id"]])
 
-    def _replay_seed(self, claim: dict, contested_only: bool = False, drawn: bool = True):
-        """The seed (or None) of another peer's look at `claim` to replay: a contested one, or
-        (unless `contested_only`) one no replay corroborated, on the side of the verdict while it
-        rests on such looks (`consensus.unchecked_side`): the first of
-        `evidence.seeds_to_replay`, or (`drawn`) the first this node is drawn for (`_replayer`),
-        one peer a seed, and while every replay of the claim agreed, of a committee's worth of
-        such seeds at a time, and one more every ACTIVE_MS since the claim."""
+    def _replay_seed(
+        self, claim: dict, contested_only: bool = False, drawn: bool = True
+    ) -> int | None:
+        """The seed of another peer's look at `claim` to replay: a contested one, or (unless
+        `contested_only`) one no replay corroborated, on the verdict's side while it rests on
+        such looks (`consensus.unchecked_side`): the first of `evidence.seeds_to_replay`, or
+        (`drawn`) the first this node is drawn for (`_replayer`), one peer a seed, of a few at a
+        time while every replay of the claim agreed (a committee's worth, +1 per ACTIVE_MS)."""
         looks = self.ledger.rows(
             f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
         )
@@ -582,8 +583,7 @@ class Researcher:
 
     def _margin(self, runs: int) -> float:
         """The paired gain over `runs` seeds this node keeps a change at: its noise margin
-        (`consensus.margin_for`), but for a merge of wins the swarm verified, any gain, on one
-        seed: their looks measured them, and the merge's committee judges it (`research_step`)."""
+        (`consensus.margin_for`), but any gain for a merge of verified wins (`research_step`)."""
         if self.proposer.last_verified:
             return 0.0
         return consensus.margin_for(self.sigma, runs)
