@@ -209,9 +209,8 @@ def seeds_to_replay(
     `at_once`, only that many of them, the first in an order every node shares (a hash of the
     claim and the seed), so that a few replays settle whether the verdict holds without them
     instead of a replay of every look at once (`Researcher._replay_seed` lifts it once a replay
-    of the claim disagreed). Within each, in the order of a hash of `me` and
-    the seed: nodes that look at once replay different seeds, a peer's in proportion to its
-    reports."""
+    of the claim disagreed). Within each, in the order of a hash of `me` and the seed: nodes
+    that look at once replay different seeds, a peer's in proportion to its reports."""
     looks = list(looks)
     mine = {v["seed"] for v in looks if v["author"] == me}
     scored = ("child_val_bpb", "parent_val_bpb")
