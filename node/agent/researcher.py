@@ -583,7 +583,7 @@ class Researcher:
 
     def _margin(self, runs: int) -> float:
         """The paired gain over `runs` seeds this node keeps a change at: its noise margin
-        (`consensus.margin_for`), but any gain for a merge of verified wins, on two seeds."""
+        (`consensus.margin_for`), or any gain for a merge of verified wins (looks measured them)."""
         if self.proposer.last_verified:
             return 0.0
         return consensus.margin_for(self.sigma, runs)
