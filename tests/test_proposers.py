@@ -543,9 +543,8 @@ def test_the_spread_of_a_kind_of_change_is_learned_from_what_the_swarm_measured(
     context = Context(BASELINE, PROGRAM, "test", earlier=tuple(earlier), sigma=sigma)
     from node.agent.offline import beliefs
 
-    known = beliefs(
-        context
-    )  # the test profile's row: DEPTH, MODEL_DIM, HEAD_DIM, DEVICE_BATCH, ...
+    # the spreads of the test profile's model-size row (DEPTH, MODEL_DIM, ...) and of the rest
+    known = beliefs(context)
     assert known.spread[True] > 2 * sigma > known.spread[False]
     order = [d for d, _ in OfflineProposer(0)._ordered(context) if "; " not in d]
     untried_rows = [d for d in order if d.endswith(row) and not d.startswith(("DEVICE_BATCH",
