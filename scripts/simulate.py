@@ -154,7 +154,8 @@ def _text(out: dict) -> str:
     lines += [
         f"  final lineages: {out['lineage_steps']} verified steps, "
         f"{out['fakes_in_final_lineage']} by adversaries, {out['false_steps_in_final_lineage']} "
-        f"of no true gain; mean final gain {out['final_head_gain']:.4f} bpb",
+        f"of no true gain; mean final gain {out['final_head_gain']:.4f} bpb; "
+        f"{out['targets_revoked']} head(s) at the target revoked, research went on",
         f"  honest nodes' time on a liar's head: {out['liar_head_share']['mean']:.1%} "
         f"(max {out['liar_head_share']['max']:.1%}); on a head with an adversary's claim in "
         f"its lineage: {out['fake_head_share']['mean']:.1%}",

@@ -117,7 +117,8 @@ def test_a_partition_heals_and_both_halves_agree():
 def test_the_study_reports_medians_intervals_and_unreached_seeds():
     def summary(hours):
         return {"hours_to_target": hours, "fakes_in_final_lineage": 0,
-                "false_steps_in_final_lineage": 0, "lineage_steps": 3, "liar_head_share": 0.0,
+                "false_steps_in_final_lineage": 0, "lineage_steps": 3, "targets_revoked": 1,
+                "liar_head_share": 0.0,
                 "fake_head_share": 0.0, "fast_share_of_lineage": None,
                 "fast_share_of_research_runs": 0.5, "final_head_gain": 0.003, "all_agree": True,
                 "runs_by_purpose": {"research": 10}, "settings": {"fast_hardware": 0.0}}  # fmt: skip
@@ -135,6 +136,7 @@ def test_the_study_reports_medians_intervals_and_unreached_seeds():
     low, high = out["speedup_vs_lone_swarm_rule"]["low"], out["speedup_vs_lone_swarm_rule"]["high"]
     assert low <= 10 <= high and low < high
     assert out["speedup_vs_keep_if_lower"]["value"] is None  # the lone node never got there
+    assert out["targets_revoked"] == 5
 
 
 def test_a_merge_or_a_bundle_in_a_lineage_counts_for_the_authors_of_the_changes_it_carries():
@@ -256,3 +258,25 @@ def test_a_study_of_several_swarm_sizes_runs_the_lone_nodes_once_and_reports_eac
         assert figures_of["seeds_reaching_target"] == 2
         assert figures_of["target_gain_median"] == EASY
     assert sizes[4]["median_hours"] < sizes[1]["median_hours"]
+
+
+def test_research_goes_on_when_the_head_at_the_target_is_revoked():
+    """The hours to the target count a head that holds: when research stopped at the target and
+    the head the swarm settles on is below it (later looks revoked the win that reached it),
+    research resumes while hours remain, and the next head at the target sets the hours."""
+    revoked = Simulation(Settings(nodes=3, hours=2.0))
+    hours = 2 * 3600.0
+    # a node adopted a head at the target at 600 s; its win was revoked: the baseline leads
+    revoked.research_open, revoked.t_target = False, 600.0
+    assert revoked.final_head() == revoked.baseline
+    assert not revoked._reopen(hours, hours)  # no hours left: the run ends short of it
+    assert revoked._reopen(1200.0, hours)
+    assert revoked.research_open and revoked.t_target is None and revoked.targets_revoked == 1
+    held = Simulation(Settings(nodes=3, hours=2.0, target_gain=0.0))  # the baseline is at it
+    held.research_open, held.t_target = False, 600.0
+    assert not held._reopen(1200.0, hours) and held.t_target == 600.0
+    lone = Simulation(Settings(nodes=1, hours=2.0))  # its own head counts: nothing to revoke
+    lone.research_open, lone.t_target = False, 600.0
+    assert not lone._reopen(1200.0, hours)
+    for sim in (revoked, held, lone):
+        sim.close()

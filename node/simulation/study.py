@@ -105,6 +105,7 @@ def figures(runs: dict[str, dict[int, dict]], seeds: Sequence[int]) -> dict:
     out["seeds_with_fake_in_final_lineage"] = sum(r["fakes_in_final_lineage"] > 0 for r in swarm)
     out["false_steps_in_final_lineage"] = sum(r["false_steps_in_final_lineage"] for r in swarm)
     out["lineage_steps"] = sum(r["lineage_steps"] for r in swarm)
+    out["targets_revoked"] = sum(r["targets_revoked"] for r in swarm)
     for key in ("liar_head_share", "fake_head_share"):
         values = [r[key] for r in swarm]
         out[key] = {"mean": statistics.fmean(values), "max": max(values)}

@@ -141,6 +141,8 @@ class Simulation:
         self.last_made = 0.0  # when the latest fact was made
         self.t_target: float | None = None  # an honest node first adopts a head at the target
         self.t_local: float | None = None  # an honest node's own head first at the target
+        self.settled = False  # research is over and every online honest node holds the head
+        self.targets_revoked = 0  # times research went on: the head at the target was revoked
         self.sync_messages = 0
         self.sync_bytes = 0
         self._heap: list = []
@@ -303,8 +305,10 @@ class Simulation:
         self.research_ended = research_end
         while self._heap:
             at, _, kind, i, payload = heapq.heappop(self._heap)
-            if at > end:
-                break
+            if at > end or self.settled:
+                if not self._reopen(at, research_end):
+                    break
+                end = math.inf
             self.now = self.clock = at
             stuck = at - self.last_made > STUCK_HOURS * 3600
             if self.research_open and (
@@ -320,8 +324,7 @@ class Simulation:
                 self._resume(i, payload)
             elif kind == "sync":
                 self._sync(i)
-                if not self.research_open and self._agreed():
-                    break
+                self.settled = not self.research_open and self._agreed()
             elif kind == "confirm":
                 if self.net.online[i]:
                     self._pull(i)
@@ -334,16 +337,31 @@ class Simulation:
         self.ended = self.now
         return self.summary(time.time() - started)
 
+    def _reopen(self, at: float, research_end: float) -> bool:
+        """Whether research that stopped at the target goes on: it does when the head the swarm
+        settled on is below the target (later looks revoked the win that reached it) and hours
+        remain; the hours to the target are then those of the next head at it."""
+        if self.lone or self.t_target is None or at >= research_end:
+            return False
+        if self._at_target(self.final_head()):
+            return False
+        self.research_open, self.settled, self.t_target = True, False, None
+        self.targets_revoked += 1
+        return True
+
     def close(self) -> None:
         """Close the nodes' ledgers (in memory) and remove their run folders; the figures stay."""
         for node in self.nodes:
             node.ledger.close()
         self.work.cleanup()
 
+    @property
+    def lone(self) -> bool:
+        """A lone node: nobody verifies its claims, and its own head counts."""
+        return self.settings.nodes == 1 or self.settings.rule == "keep-if-lower"
+
     def _done(self) -> bool:
-        if self.settings.nodes == 1 or self.settings.rule == "keep-if-lower":
-            return self.t_local is not None  # a lone node: nobody verifies, its own head counts
-        return self.t_target is not None
+        return self.t_local is not None if self.lone else self.t_target is not None
 
     def _agreed(self) -> bool:
         """Research is over and every online honest node has adopted the best head of all the
@@ -446,7 +464,7 @@ class Simulation:
         runs = max(self.runs, 1)
         research = max(self.runs_by_purpose["research"], 1)
         shares = self.head_shares()
-        hours = self.t_local if s.nodes == 1 or s.rule == "keep-if-lower" else self.t_target
+        hours = self.t_local if self.lone else self.t_target
         return {
             "settings": asdict(s),
             "hours_to_target": None if hours is None else hours / 3600,
@@ -456,6 +474,7 @@ class Simulation:
             "final_head_gain": land.BASELINE_BPB - self.true_bpb(final),
             "target_gain": self.target_gain,
             "lineage_steps": len(steps),
+            "targets_revoked": self.targets_revoked,
             "fakes_in_final_lineage": sum(r["id"] in self.fakes for r in steps),
             "false_steps_in_final_lineage": sum(g <= 0 for g in gains),
             "fast_share_of_lineage": (
