@@ -276,7 +276,9 @@ def test_research_goes_on_when_the_head_at_the_target_is_revoked():
     held.research_open, held.t_target = False, 600.0
     assert not held._reopen(1200.0, hours) and held.t_target == 600.0
     lone = Simulation(Settings(nodes=1, hours=2.0))  # its own head counts: nothing to revoke
-    lone.research_open, lone.t_target = False, 600.0
-    assert not lone._reopen(1200.0, hours)
-    for sim in (revoked, held, lone):
+    trusting = Simulation(Settings(nodes=3, hours=2.0, rule="trusting"))  # nor any claim
+    for sim in (lone, trusting):
+        sim.research_open, sim.t_target = False, 600.0
+        assert not sim._reopen(1200.0, hours)
+    for sim in (revoked, held, lone, trusting):
         sim.close()

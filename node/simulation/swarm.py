@@ -338,12 +338,12 @@ class Simulation:
         return self.summary(time.time() - started)
 
     def _reopen(self, at: float, research_end: float) -> bool:
-        """Whether research that stopped at the target goes on: it does when the head the swarm
-        settled on is below the target (later looks revoked the win that reached it) and hours
-        remain; the hours to the target are then those of the next head at it."""
-        if self.lone or self.t_target is None or at >= research_end:
-            return False
-        if self._at_target(self.final_head()):
+        """Whether research that stopped at the target goes on: it does, under the swarm's
+        rule, when the head the swarm settled on is below the target (later looks revoked the
+        win that reached it) and hours remain; the hours to the target are then those of the
+        next head at it. (A trusting swarm revokes nothing; a lone node's own head counts.)"""
+        if (self.settings.rule != "swarm" or self.lone or self.t_target is None
+                or at >= research_end or self._at_target(self.final_head())):  # fmt: skip
             return False
         self.research_open, self.settled, self.t_target = True, False, None
         self.targets_revoked += 1
