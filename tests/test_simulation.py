@@ -13,6 +13,7 @@ from node import wire
 from node.agent.researcher import Researcher
 from node.simulation import Settings, Simulation
 from node.simulation import landscape as land
+from node.simulation.provenance import origins
 from node.simulation.study import figures
 
 EASY = 0.0025  # bpb: a target two or three ideas away, for swarms the tests can afford
@@ -151,9 +152,12 @@ def test_a_merge_or_a_bundle_in_a_lineage_counts_for_the_authors_of_the_changes_
         bundle = {"id": "r5", "author": "slow", "child": "34" * 32,
                   "description": f"bundle of 2: {'cd' * 6}, {'12' * 6}"}  # fmt: skip
         sim.made_by.update({r["child"]: r for r in (win, merged, other)})
-        assert sim.origins(win) == [win] and sim.origins(merged) == [win]
-        assert sim.origins(again) == [win]
-        assert sim.origins(bundle) == [win, other]  # a bundle counts for each change it carries
+        assert origins(sim.made_by, win) == [win] and origins(sim.made_by, merged) == [win]
+        assert origins(sim.made_by, again) == [win]
+        assert origins(sim.made_by, bundle) == [
+            win,
+            other,
+        ]  # a bundle counts for each change it carries
     finally:
         sim.close()
 

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from node import consensus, wire
-from node.agent.adoption import BUNDLE_PREFIX, MERGE_PREFIX
 from node.simulation import landscape as land
+from node.simulation import provenance
 from node.simulation.catalogue import CatalogueLandscape
 from node.simulation.network import FactStore, Transport, head_size
 from node.simulation.nodes import CAMPAIGN, HARNESS, SimNode
@@ -395,61 +395,6 @@ class Simulation:
 
     # ------------------------------------------------------------ figures
 
-    def lineage(self, version: str) -> list[dict]:
-        """The kept results from the baseline to `version` through the result that made each
-        version (an honest node's where one made it too: an adversary's claim of a version an
-        honest node also found fakes nothing), oldest first."""
-        chain, seen = [], set()
-        while version in self.made_by and version not in seen:
-            seen.add(version)
-            chain.append(self.made_by[version])
-            version = self.made_by[version]["parent"]
-        return chain[::-1]
-
-    def origins(self, result: dict, seen: frozenset = frozenset()) -> list[dict]:
-        """The kept results whose changes `result` carries: itself, or for a merge ("merge of
-        VERSION: ...", a verified win of another parent's merged onto the head, or a node's own
-        keep rebased onto it) the result that made the merged version, and for a bundle
-        ("bundle of N: VERSION, ...") those of each version, followed back through merges of
-        merges."""
-        description = result["description"]
-        if result["id"] in seen:
-            return [result]
-        if description.startswith(MERGE_PREFIX):
-            prefixes = [description[len(MERGE_PREFIX) :].split(":", 1)[0]]
-        elif description.startswith(BUNDLE_PREFIX):
-            prefixes = description.split(":", 1)[1].replace(",", " ").split()
-        else:
-            return [result]
-        found = []
-        for prefix in prefixes:
-            made = next((r for v, r in self.made_by.items() if v.startswith(prefix)), None)
-            found += [result] if made is None else self.origins(made, seen | {result["id"]})
-        return found
-
-    def head_shares(self) -> dict[str, float]:
-        """Over the honest nodes' time from their first adoption to the end: the share spent on
-        a head made by an adversary, and on one with an adversary's claim in its lineage."""
-        spans = {"adversary_made": 0.0, "adversary_in_lineage": 0.0, "total": 0.0}
-        last: dict[int, tuple[float, str]] = {}
-        for at, i, version in [
-            *self.adoptions,
-            *((self.ended, n.index, None) for n in self.honest),
-        ]:
-            if i in last:
-                since, held = last[i]
-                span = at - since
-                lineage = self.lineage(held)
-                spans["total"] += span
-                if lineage and self.role_of.get(lineage[-1]["author"]) in ADVERSARIES:
-                    spans["adversary_made"] += span
-                if any(r["id"] in self.fakes for r in lineage):
-                    spans["adversary_in_lineage"] += span
-            if version is not None:
-                last[i] = (at, version)
-        total = spans.pop("total") or 1.0
-        return {k: v / total for k, v in spans.items()}
-
     def summary(self, wall: float) -> dict:
         s = self.settings
         scores, by_id = self.standings()
@@ -463,7 +408,9 @@ class Simulation:
         online_honest = [n.index for n in self.honest if self.net.online[n.index]]
         runs = max(self.runs, 1)
         research = max(self.runs_by_purpose["research"], 1)
-        shares = self.head_shares()
+        held = [*self.adoptions, *((self.ended, n.index, None) for n in self.honest)]
+        adversaries = {peer for peer, role in self.role_of.items() if role in ADVERSARIES}
+        shares = provenance.head_shares(self.made_by, held, adversaries, self.fakes)
         hours = self.t_local if self.lone else self.t_target
         return {
             "settings": asdict(s),
@@ -484,7 +431,7 @@ class Simulation:
             # bundle for those of each of its changes
             "fast_share_of_changes": (
                 sum(self.fast_of[o["author"]] for o in changes) / len(changes)
-                if (changes := [o for r in steps for o in self.origins(r)])
+                if (changes := [o for r in steps for o in provenance.origins(self.made_by, r)])
                 else None
             ),
             "fast_share_of_research_runs": self.research_runs_fast / research,

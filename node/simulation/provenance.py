@@ -1,0 +1,71 @@
+"""Where a simulated run's versions came from, for its figures (`Simulation.summary`): the kept
+results behind a version, the changes a merge or a bundle carries, and the honest nodes' time on
+heads an adversary made or built into."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+
+from node.agent.adoption import BUNDLE_PREFIX, MERGE_PREFIX
+
+
+def lineage(made_by: Mapping[str, dict], version: str) -> list[dict]:
+    """The kept results from the baseline to `version` through the result that made each
+    version (`made_by`: an honest node's where one made it too, since an adversary's claim of a
+    version an honest node also found fakes nothing), oldest first."""
+    chain, seen = [], set()
+    while version in made_by and version not in seen:
+        seen.add(version)
+        chain.append(made_by[version])
+        version = made_by[version]["parent"]
+    return chain[::-1]
+
+
+def origins(made_by: Mapping[str, dict], result: dict, seen: frozenset = frozenset()) -> list[dict]:
+    """The kept results whose changes `result` carries: itself, or for a merge ("merge of
+    VERSION: ...", a verified win of another parent's merged onto the head, or a node's own
+    keep rebased onto it) the result that made the merged version, and for a bundle
+    ("bundle of N: VERSION, ...") those of each version, followed back through merges of
+    merges."""
+    description = result["description"]
+    if result["id"] in seen:
+        return [result]
+    if description.startswith(MERGE_PREFIX):
+        prefixes = [description[len(MERGE_PREFIX) :].split(":", 1)[0]]
+    elif description.startswith(BUNDLE_PREFIX):
+        prefixes = description.split(":", 1)[1].replace(",", " ").split()
+    else:
+        return [result]
+    found = []
+    for prefix in prefixes:
+        made = next((r for v, r in made_by.items() if v.startswith(prefix)), None)
+        found += [result] if made is None else origins(made_by, made, seen | {result["id"]})
+    return found
+
+
+def head_shares(
+    made_by: Mapping[str, dict],
+    held: Iterable[tuple[float, int, str | None]],
+    adversaries: Collection[str],
+    fakes: Collection[str],
+) -> dict[str, float]:
+    """Over the honest nodes' time from their first adoption to the end (`held`: (when, node,
+    the head it adopted), then (the end, node, None) for each): the share spent on a head made
+    by one of the `adversaries` (peer ids), and on one with one of their claims (`fakes`, result
+    ids) in its lineage."""
+    spans = {"adversary_made": 0.0, "adversary_in_lineage": 0.0, "total": 0.0}
+    last: dict[int, tuple[float, str]] = {}
+    for at, i, version in held:
+        if i in last:
+            since, head = last[i]
+            span = at - since
+            chain = lineage(made_by, head)
+            spans["total"] += span
+            if chain and chain[-1]["author"] in adversaries:
+                spans["adversary_made"] += span
+            if any(r["id"] in fakes for r in chain):
+                spans["adversary_in_lineage"] += span
+        if version is not None:
+            last[i] = (at, version)
+    total = spans.pop("total") or 1.0
+    return {k: v / total for k, v in spans.items()}
