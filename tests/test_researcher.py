@@ -327,8 +327,9 @@ def test_a_win_verified_after_the_adoption_merges_onto_the_head_and_any_gain_kee
     book, alice, bob, carol, tmp_path
 ):
     """carol's win is verified only after alice adopted bob's: her next research merges it onto
-    the head at once, not at the next adoption, and keeps the merge on a gain below her margin:
-    the looks at carol's claim measured the change, alice only checks that it survived."""
+    the head at once, not at the next adoption, and keeps the merge on a gain below her margin,
+    on one seed: the looks at carol's claim measured the change, alice only checks that it
+    survived, and the merge's own committee judges it."""
     harness = harness_sha256(PROFILE)
     claims = {}
     for who, child, bpb in ((bob, NARROW, 1.45), (carol, FOUR_STEPS, 1.47)):
@@ -356,7 +357,9 @@ def test_a_win_verified_after_the_adoption_merges_onto_the_head_and_any_gain_kee
             break
     assert merged.outcome == "keep" and 0 < statistics.fmean(p - c for _, c, p in merged.pairs)
     assert statistics.fmean(p - c for _, c, p in merged.pairs) < worker.margin
-    assert worker.head.source == BOTH
+    assert worker.head.source == BOTH and [s for s, _, _ in merged.pairs] == worker.seeds(1)
+    ahead = worker.step()  # its own idea next: a win on the first seed runs the second too
+    assert not ahead.description.startswith("merge of") and len(ahead.pairs) == 2
 
 
 def test_a_head_whose_train_py_has_not_arrived_yet_is_adopted_once_it_has(
@@ -580,7 +583,8 @@ def test_only_code_the_node_or_peers_it_trusts_wrote_adds_to_its_compiled_kernel
     merged = worker.step()
     assert worker.adopted == sha(NARROW) and merged.description.startswith("merge of")
     # bob's head is trusted by key; the merge carries carol's change, so it does not write.
-    assert trusting.keeps == [(NARROW, True), (BOTH, False)] * 2  # on two seeds, paired
+    # on one seed, paired: a merge of verified wins, which its committee judges
+    assert trusting.keeps == [(NARROW, True), (BOTH, False)]
 
     wary = Recording()
     with ledger_of(tmp_path, "dave") as daves:

@@ -102,7 +102,7 @@ def research_step(
     parent_score: Callable[[int], float | None], calibrating: bool = False, program: str = "",
     check: Check | None = policy_check, on_event: Callable[[dict], None] = lambda _: None,
     run: Callable[..., RunResult] = run_experiment, crew: Crew | None = None,
-    margin: Callable[[int], float] | None = None,
+    margin: Callable[[int], float] | None = None, one_seed: Callable[[], bool] = lambda: False,
 ) -> Step:  # fmt: skip
     """Propose a change of `head`, check it, and run it paired with the head: on `seeds[0]`, and
     on `seeds[1]` too when the first pair looks like a win (or while `calibrating`, when the
@@ -114,7 +114,8 @@ def research_step(
     mean paired gain beats the margin for that many runs (`consensus.margin_for` of `sigma`, the
     standard deviation of one paired difference; `margin(runs)` replaces it), and publish a signed
     result of the pairs. With a `crew`, a change that another worker of the node has in hand is
-    refused."""
+    refused. A proposal `one_seed()` is true for, asked once it is made, runs on `seeds[0]`
+    alone (a bundle of wins the swarm verified: its committee judges it)."""
     if margin is None:
         margin = functools.partial(consensus.margin_for, sigma)
     context = context_from_ledger(
@@ -149,7 +150,7 @@ def research_step(
             return Step("refused", head, reason=f"the head does not score on seed {seeds[0]} here")
         pairs: list[tuple[int, float, float]] = []
         runs: list[tuple[RunResult, int]] = []  # (run, its row in the ledger)
-        for seed in seeds[:2]:
+        for seed in seeds[: 1 if one_seed() else 2]:
             if pairs and not (calibrating or _gain(pairs) > margin(1)):
                 break
             if pairs and pairs[0][1] == pairs[0][2]:

@@ -577,13 +577,13 @@ class Researcher:
             self.work_dir, seeds=self.seeds(),
             parent_score=lambda seed: self.score_at(head.source, seed),
             calibrating=self.calibrate and self.sigma_df < CALIBRATION_DF, program=self.program,
-            check=self.check,
+            check=self.check, one_seed=lambda: self.proposer.last_verified,
             on_event=self.now.event, run=self._run, crew=self.crew, margin=self._margin,
         )  # fmt: skip
 
     def _margin(self, runs: int) -> float:
         """The paired gain over `runs` seeds this node keeps a change at: its noise margin
-        (`consensus.margin_for`), or any gain for a merge of verified wins (looks measured them)."""
+        (`consensus.margin_for`), or any gain on one seed for a merge of verified wins."""
         if self.proposer.last_verified:
             return 0.0
         return consensus.margin_for(self.sigma, runs)
