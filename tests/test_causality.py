@@ -56,8 +56,9 @@ def text() -> np.ndarray:
     return np.where(rng.random(base.shape) < 0.5, base, noise).astype(np.uint16)[: ROWS * SEQ + 1]
 
 
-def score(model, check: bool, seed: int = 0) -> dict:
-    tokens, token_bytes = text(), np.ones(VOCAB, dtype=np.int32)
+def score(model, check: bool, seed: int = 0, tokens: np.ndarray | None = None) -> dict:
+    tokens = text() if tokens is None else tokens
+    token_bytes = np.ones(VOCAB, dtype=np.int32)
     checker = None
     if check:
         rows = tokens[: ROWS * SEQ].reshape(ROWS, SEQ)
@@ -103,3 +104,16 @@ def test_the_refusal_says_whether_the_model_looked_ahead_or_across_rows():
         score(Causal(nxt).eval(), True)
     with pytest.raises(LookAheadError, match="reads across rows"):
         score(Causal(lambda idx: F.one_hot(idx.roll(1, 0), VOCAB).float()).eval(), True)
+
+
+def test_a_model_reading_another_row_is_named_so_when_rows_share_tokens():
+    """The rows start with one of two tokens, so another row drawn to replace them often starts
+    with the same one: every other row is still changed at every position, and a model that
+    reads the next row's first token is refused for reading across rows, whatever rows and
+    cuts are drawn."""
+    tokens = text()
+    tokens[: ROWS * SEQ : SEQ] = np.arange(ROWS) % 2
+    across = Causal(lambda idx: 6 * F.one_hot(idx.roll(-1, 0)[:, :1], VOCAB).float()).eval()
+    for seed in range(10):
+        with pytest.raises(LookAheadError, match="reads across rows"):
+            score(across, True, seed, tokens)

@@ -169,7 +169,10 @@ class Checker:
                 f"changed by {float(gap[at]):.3g} nats when only tokens after position {cut} "
                 "changed; a language model may use earlier tokens of its row only"
             )
-        others = np.stack([self._donor(row) for _ in range(len(x))])
+        # every other row changed at every position (a donor's token that happens to equal the
+        # row's own is moved), so that a prediction reading any token of another row moves
+        donor = self._donor(row)
+        others = np.where(donor[None, :] == x, (donor[None, :] + 1) % self.vocab, donor[None, :])
         others[i] = x[i]
         gap = moved(self._run(others)[i], reference)
         if bool((gap > 0).any()):

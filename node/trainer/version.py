@@ -12,7 +12,7 @@ from node.trainer.profiles import Profile
 # The harness's version: move it whenever a file that prepares data, times or scores changes
 # (tests/test_harness_version.py fails until it moves), so that results measured by another
 # harness never compare with this one's.
-HARNESS_VERSION = "2026.12.11"
+HARNESS_VERSION = "2026.12.12"
 
 # What a profile fixes of the measurement: runs that differ in any of these never compare. The
 # rest (each phase's limit, the replay tolerance, the prior noise) changes no score.
