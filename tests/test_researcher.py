@@ -289,6 +289,44 @@ def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
     assert worker.head.sha256 == sha(BASELINE) == worker.adopted
 
 
+def test_a_node_ahead_on_a_claim_the_looks_turned_against_goes_back_before_it_is_refuted(
+    book, alice, bob, carol, tmp_path
+):
+    """A node stays ahead only on claims it would choose now: once the pooled looks show no gain,
+    the claim still open (too few seeds to refute it), the node is back on the adopted head
+    rather than building its research on a claim that may never be decided."""
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
+        gossip(bobs, book)
+    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=1)
+    worker.start()
+    (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
+
+    def look(who, gain, seed):
+        body = wire.verification_body(
+            result=claim["id"], child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=seed,
+            profile="test", harness=harness_sha256(PROFILE), verdict="confirm" if gain > 0 else "refute",
+        )  # fmt: skip
+        book.ingest(
+            wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw
+        )
+
+    look(carol, 0.01, 300)
+    assert isinstance(worker._speculate(), Verified)  # its own look first
+    assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)
+    look(DAVE, -0.01, 301)
+    look(ERIN, -0.01, 302)
+    judged = book.standings("test", every=True)[1][claim["id"]]
+    assert judged.state == "open" and judged.gain <= 0
+    worker._speculate()
+    assert worker.head.sha256 == sha(BASELINE) == worker.adopted
+    look(FRANK, 0.02, 303)  # the looks favour it again: the node may go ahead from it again
+    assert book.standings("test", every=True)[1][claim["id"]].gain > 0
+    worker._speculate()
+    assert worker.head.sha256 == sha(NARROW)
+
+
 def two_verified_wins(book, bob, carol, tmp_path, landscape, bobs_runs=None, **bobs) -> None:
     """bob keeps NARROW and carol FOUR_STEPS, each verifies the other's, and `book` gets it all."""
     with ledger_of(tmp_path, "bob") as bobs_book, ledger_of(tmp_path, "carol") as carols:

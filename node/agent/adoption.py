@@ -16,7 +16,8 @@ from node.agent import offline
 from node.agent.errors import PatchError
 from node.agent.patch import change_hash, check_source, merge
 from node.agent.proposers import Context, Proposal, Proposer
-from node.evidence import Judgement
+from node.consensus import HELD, HOLD_FACTOR
+from node.evidence import Judgement, claimed_gain
 from node.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -77,6 +78,24 @@ def _ancestors(results: list[Mapping[str, Any]], version: str) -> set[str]:
                 seen.add(parent)
                 todo.append(parent)
     return seen
+
+
+def favour(claim: Mapping[str, Any], j: Judgement) -> float:
+    """How much a claim is worth researching ahead from: the pooled gain of its looks, or,
+    before any, the gain its author claimed."""
+    if j.seeds:
+        return j.gain or 0.0
+    claimed = claimed_gain(claim)
+    return claimed[0] if claimed else 0.0
+
+
+def worth_ahead(claim: Mapping[str, Any], j: Judgement, scale: float) -> bool:
+    """Whether an open (or held) claim is one to research ahead from: its looks favour it
+    (`favour` above zero). Before any look, its author is taken at its word only for a gain of
+    the size verified on the profile (`scale`, the hold's: `consensus.gain_scale`): a claim of
+    a huge gain would draw every node onto a stranger's code."""
+    gain = favour(claim, j)
+    return j.state in ("open", HELD) and gain > 0 and (j.seeds > 0 or gain <= HOLD_FACTOR * scale)
 
 
 def made_by(ledger: Ledger, profile: str, child: str) -> dict | None:

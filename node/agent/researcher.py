@@ -293,9 +293,8 @@ class Researcher:
 
     def _speculate(self) -> Verified | None:
         """Research ahead of the evidence: from the adopted head, move to another peer's claim on
-        it that the looks so far favour (a pooled gain above zero, still open or held; before
-        any look, the author's claimed gain, when of the size verified on the profile), so that
-        the next win is found while this one is being verified; a claim that then fails takes
+        it that the looks so far favour (`adoption.worth_ahead`), so that the next win is found
+        while this one is being verified; a claim it would no longer choose (`_viable`) takes
         the node back to the adopted head. Its own kept chain goes first. The node's first run
         of such a child, on its own first seed, is a look at the claim, returned as the step:
         the run its research pairs with is evidence for everyone, and adopting the claim later
@@ -306,8 +305,9 @@ class Researcher:
         _, judged, results = self.ledger.standings(
             self.profile.name, self.quorum, self.harness, every=True
         )
+        scale = consensus.gain_scale(judged, self.profile.paired_noise)
         if self.head.sha256 != self.adopted:
-            if self._viable(self.head.sha256, judged, results):
+            if self._viable(self.head.sha256, judged, results, scale):
                 return
             source = self.ledger.version(self.adopted)
             if source is None:
@@ -319,22 +319,16 @@ class Researcher:
         favoured = [
             r for r in results
             if r["parent"] == self.adopted and r["author"] != self.me.peer_id
-            and r["id"] in judged and judged[r["id"]].state in ("open", consensus.HELD)
-            and self._favour(r, judged[r["id"]]) > 0 and self.ledger.version(r["child"]) is not None
+            and r["id"] in judged and adoption.worth_ahead(r, judged[r["id"]], scale)
+            and self.ledger.version(r["child"]) is not None
             and (self.trusted is None or self.trusted(r["author"]))
         ]  # fmt: skip
-        # Before any look, an author is taken at its word only for a gain of the size verified
-        # on the profile (the hold's scale; before any, the size a keep margin lets through): a
-        # claim of a huge gain would draw every node onto a stranger's code.
-        scale = consensus.gain_scale(judged, self.profile.paired_noise)
-        favoured = [r for r in favoured if judged[r["id"]].seeds
-                    or self._favour(r, judged[r["id"]]) <= consensus.HOLD_FACTOR * scale]  # fmt: skip
         if favoured:  # standing costs a judgement of every claim: only when there is a choice
             skip = silenced(ledger_standing(self.ledger))
             favoured = [r for r in favoured if r["author"] not in skip]
         if not favoured:
             return
-        pick = max(favoured, key=lambda r: (self._favour(r, judged[r["id"]]), r["id"]))
+        pick = max(favoured, key=lambda r: (adoption.favour(r, judged[r["id"]]), r["id"]))
         if not self._looked_at(pick["id"]):  # its first run of the child (its own seed): a look
             return self._look(pick, "look ahead", find_replay=False)
         source = self.ledger.version(pick["child"]).decode()
@@ -344,18 +338,12 @@ class Researcher:
             return
         self.now.set(f"research ahead from {pick['child'][:12]}, a claim being verified")
 
-    @staticmethod
-    def _favour(claim: dict, j) -> float:
-        """How much a claim is worth researching ahead from: the pooled gain of its looks, or,
-        before any, the gain its author claimed."""
-        if j.seeds:
-            return j.gain or 0.0
-        claimed = evidence.claimed_gain(claim)
-        return claimed[0] if claimed else 0.0
-
-    def _viable(self, version: str, judged: dict, results: list[dict]) -> bool:
-        """Whether every claim from the adopted head to `version` is still verified, open or
-        held: nothing on the way was refuted, left unproven, void or misreported."""
+    def _viable(self, version: str, judged: dict, results: list[dict], scale: float) -> bool:
+        """Whether every claim from the adopted head to `version` is verified, or still one
+        this node would research ahead from (`adoption.worth_ahead`; its own: still open or
+        held). A claim whose looks went against it, or whose confirmations stopped counting (a
+        replay contradicted their peers), takes the node back: it builds on nothing it would
+        not choose now (`scale`: `consensus.gain_scale`)."""
         made = {}
         for r in sorted(results, key=lambda r: r["time"], reverse=True):
             made[r["child"]] = r
@@ -366,7 +354,10 @@ class Researcher:
                 return r is None and self._builds_on(version, self.adopted)
             seen.add(version)
             j = judged.get(r["id"])
-            if j is not None and j.state not in ("verified", "open", consensus.HELD):
+            mine = r["author"] == self.me.peer_id
+            if not (j is None or j.state == "verified" or (
+                j.state in ("open", consensus.HELD) if mine else adoption.worth_ahead(r, j, scale)
+            )):  # fmt: skip
                 return False
             version = r["parent"]
         return True
