@@ -16,9 +16,9 @@ import threading
 import time
 
 import pytest
-from conftest import CAMPAIGN, confirming_looks, make_result
+from conftest import CAMPAIGN, confirming_looks, make_result, set_terms
 
-from node import consensus, wire
+from node import committees, consensus, wire
 from node.agent.adoption import best_head, swarm_rows
 from node.agent.crew import Crew
 from node.agent.errors import SpendingLimitReached
@@ -1073,6 +1073,44 @@ def test_before_any_gain_is_verified_an_author_is_taken_at_its_word_for_a_gain_a
             assert ahead is None and node.head.sha256 == sha(BASELINE)
         else:
             assert isinstance(ahead, Verified) and ahead.fact.body["result"] == fact.id
+
+
+def test_with_members_only_a_claims_committee_takes_its_author_at_its_word(
+    book, alice, bob, carol, tmp_path
+):
+    """In a campaign with members, before any look that counts a claim is researched ahead from
+    on its author's word by its committee alone, whose looks count for every node; a member
+    outside it waits for theirs (a flood of claims would cost every node a run each). A node's
+    own look, which the committee does not count, still tells it where to research: one that
+    found no gain stays on the adopted head."""
+    who = {p.peer_id: p for p in (alice, carol, DAVE, ERIN, FRANK)}
+    set_terms(book, baseline=sha(BASELINE), members=[bob.peer_id, *who])
+    scale = consensus.PRIOR_GAIN_SIGMAS * PROFILE.paired_noise
+    fact = _claim(book, bob, BASELINE, NARROW, scale / 2)
+    drawn = committees.committee(committees.draw_of(fact.body | {"author": bob.peer_id}),
+                                 bob.peer_id, [bob.peer_id, *who], 3)  # fmt: skip
+    inside, outside, doubter = [who[p] for p in drawn[:1]] + [who[p] for p in who if p not in drawn]
+
+    def node(me, runs):
+        n = researcher(book, me, tmp_path / me.peer_id[-6:], Scripted(), runs, verify_every=4)
+        n.start()
+        return n
+
+    def worse_narrow(script, *args, **kwargs):  # a node whose runs find the change a loss
+        result = Landscape()(script, *args, **kwargs)
+        if "MLP_RATIO = 3 " in script.read_text():
+            return dataclasses.replace(result, val_bpb=result.val_bpb + 0.1)
+        return result
+
+    outsider, insider, doubting = node(outside, Landscape()), node(inside, Landscape()), node(
+        doubter, worse_narrow)  # fmt: skip
+    assert outsider._speculate() is None and outsider.head.sha256 == sha(BASELINE)
+    assert isinstance(insider._speculate(), Verified)  # the committee's look, which counts
+    assert book.standings("test", every=True)[1][fact.id].seeds == 1
+    assert isinstance(outsider._speculate(), Verified)  # now the outsider goes ahead too
+    assert outsider._speculate() is None and outsider.head.sha256 == sha(NARROW)
+    assert isinstance(doubting._speculate(), Verified)  # its own look finds a loss
+    assert doubting._speculate() is None and doubting.head.sha256 == sha(BASELINE)
 
 
 def test_a_nodes_own_keep_that_the_adopted_head_lacks_is_rebased_onto_it_first(

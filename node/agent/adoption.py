@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from node import consensus
 from node.agent import offline
 from node.agent.errors import PatchError
 from node.agent.patch import change_hash, check_source, merge
 from node.agent.proposers import Context, Proposal, Proposer
-from node.consensus import HELD, HOLD_FACTOR
 from node.evidence import Judgement, claimed_gain
 from node.ledger import Ledger
 
@@ -80,22 +80,70 @@ def _ancestors(results: list[Mapping[str, Any]], version: str) -> set[str]:
     return seen
 
 
-def favour(claim: Mapping[str, Any], j: Judgement) -> float:
-    """How much a claim is worth researching ahead from: the pooled gain of its looks, or,
-    before any, the gain its author claimed."""
-    if j.seeds:
-        return j.gain or 0.0
+def favour(claim: Mapping[str, Any], j: Judgement, own: Sequence[float] = ()) -> float:
+    """How much a claim is worth researching ahead from: the pooled gain of its looks that count
+    (`j`) and of this node's own that do not (`own`: its gains, one per seed, `own_gains`),
+    weighed by their seeds; before any, the gain its author claimed."""
+    if j.seeds or own:
+        return ((j.gain or 0.0) * j.seeds + sum(own)) / (j.seeds + len(own))
     claimed = claimed_gain(claim)
     return claimed[0] if claimed else 0.0
 
 
-def worth_ahead(claim: Mapping[str, Any], j: Judgement, scale: float) -> bool:
-    """Whether an open (or held) claim is one to research ahead from: its looks favour it
+def worth_ahead(
+    claim: Mapping[str, Any], j: Judgement, scale: float, own: Sequence[float] = ()
+) -> bool:
+    """Whether an open (or held) claim is one to research ahead from: the looks favour it
     (`favour` above zero). Before any look, its author is taken at its word only for a gain of
     the size verified on the profile (`scale`, the hold's: `consensus.gain_scale`): a claim of
     a huge gain would draw every node onto a stranger's code."""
-    gain = favour(claim, j)
-    return j.state in ("open", HELD) and gain > 0 and (j.seeds > 0 or gain <= HOLD_FACTOR * scale)
+    gain = favour(claim, j, own)
+    return (j.state in ("open", consensus.HELD) and gain > 0
+            and (j.seeds > 0 or bool(own) or gain <= consensus.HOLD_FACTOR * scale))  # fmt: skip
+
+
+def own_gains(ledger: Ledger, me: str, judged: Mapping[str, Judgement]) -> dict[str, list[float]]:
+    """{claim: the gains `me` measured on it, one per seed} for the claims whose judgement leaves
+    its looks out for no fault of theirs (another committee's, in a campaign with members): what
+    a node measured itself still tells it where to research (`favour`). Looks left out as far
+    outside the others' or against a replay stay out."""
+    gains: dict[str, dict[int, float]] = {}
+    for v in ledger.rows(
+        "SELECT result, seed, delta FROM verifications WHERE author = ? AND delta IS NOT NULL",
+        (me,),
+    ):  # fmt: skip
+        j = judged.get(v["result"])
+        if j is not None and me not in {*j.peers, *j.outliers, *j.contradicted, *j.contested}:
+            gains.setdefault(v["result"], {})[v["seed"]] = -v["delta"]
+    return {rid: list(by_seed.values()) for rid, by_seed in gains.items()}
+
+
+def viable(
+    ledger: Ledger, profile: str, me: str, version: str, adopted: str | None,
+    results: list[dict], judged: Mapping[str, Judgement], worth: Callable[[dict], bool],
+) -> bool:  # fmt: skip
+    """Whether every claim from the `adopted` head to `version` (results: every kept one) is
+    verified, or one `me` would still research ahead from (`worth`: `worth_ahead`; its own:
+    still open or held). A claim the looks turned against (one verified until a replay
+    contradicted its confirmers, say, and the other looks show no gain) takes the node back,
+    refuted or not: it builds on nothing it would not choose now."""
+    made = {}
+    for r in sorted(results, key=lambda r: r["time"], reverse=True):
+        made[r["child"]] = r
+    seen = set()
+    while version != adopted:
+        r = made.get(version)
+        if r is None or version in seen:
+            return (
+                r is None and adopted is not None and builds_on(ledger, profile, version, adopted)
+            )
+        seen.add(version)
+        j = judged.get(r["id"])
+        if not (j is None or j.state == "verified"
+                or (j.state in ("open", consensus.HELD) if r["author"] == me else worth(r))):  # fmt: skip
+            return False
+        version = r["parent"]
+    return True
 
 
 def made_by(ledger: Ledger, profile: str, child: str) -> dict | None:

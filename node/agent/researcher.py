@@ -294,20 +294,31 @@ class Researcher:
     def _speculate(self) -> Verified | None:
         """Research ahead of the evidence: from the adopted head, move to another peer's claim on
         it that the looks so far favour (`adoption.worth_ahead`), so that the next win is found
-        while this one is being verified; a claim it would no longer choose (`_viable`) takes
-        the node back to the adopted head. Its own kept chain goes first. The node's first run
-        of such a child, on its own first seed, is a look at the claim, returned as the step:
-        the run its research pairs with is evidence for everyone, and adopting the claim later
-        needs no re-score. Adoption, the head and every "best" still read verified claims
-        alone."""
+        while this one is being verified; a claim it would no longer choose (`adoption.viable`)
+        takes the node back to the adopted head. Its own kept chain goes first. The node's
+        first run of such a child, on its own first seed, is a look at the claim, returned as
+        the step: the run its research pairs with is evidence for everyone, and adopting the
+        claim later needs no re-score. Adoption, the head and every "best" still read verified
+        claims alone."""
         if self.head is None or self.adopted is None or not self.verify_every:
             return
         _, judged, results = self.ledger.standings(
             self.profile.name, self.quorum, self.harness, every=True
         )
         scale = consensus.gain_scale(judged, self.profile.paired_noise)
+        mine = adoption.own_gains(self.ledger, self.me.peer_id, judged)
+        members = self.ledger.rules(self.profile.name, self.quorum).members
+
+        def worth(r: dict) -> bool:
+            j, own = judged[r["id"]], mine.get(r["id"], ())
+            # Before any look that counts, in a campaign with members only the claim's committee
+            # takes its author at its word: their looks count for all, anyone else's for itself.
+            word = bool(j.seeds or own) or members is None or bool(self._drawn([r]))
+            return word and adoption.worth_ahead(r, j, scale, own)
+
         if self.head.sha256 != self.adopted:
-            if self._viable(self.head.sha256, judged, results, scale):
+            if adoption.viable(self.ledger, self.profile.name, self.me.peer_id, self.head.sha256,
+                               self.adopted, results, judged, worth):  # fmt: skip
                 return
             source = self.ledger.version(self.adopted)
             if source is None:
@@ -319,8 +330,7 @@ class Researcher:
         favoured = [
             r for r in results
             if r["parent"] == self.adopted and r["author"] != self.me.peer_id
-            and r["id"] in judged and adoption.worth_ahead(r, judged[r["id"]], scale)
-            and self.ledger.version(r["child"]) is not None
+            and r["id"] in judged and worth(r) and self.ledger.version(r["child"]) is not None
             and (self.trusted is None or self.trusted(r["author"]))
         ]  # fmt: skip
         if favoured:  # standing costs a judgement of every claim: only when there is a choice
@@ -328,7 +338,10 @@ class Researcher:
             favoured = [r for r in favoured if r["author"] not in skip]
         if not favoured:
             return
-        pick = max(favoured, key=lambda r: (adoption.favour(r, judged[r["id"]]), r["id"]))
+        pick = max(
+            favoured,
+            key=lambda r: (adoption.favour(r, judged[r["id"]], mine.get(r["id"], ())), r["id"]),
+        )
         if not self._looked_at(pick["id"]):  # its first run of the child (its own seed): a look
             return self._look(pick, "look ahead", find_replay=False)
         source = self.ledger.version(pick["child"]).decode()
@@ -337,30 +350,6 @@ class Researcher:
         except AgentError:  # it crashes here: stay on the adopted head
             return
         self.now.set(f"research ahead from {pick['child'][:12]}, a claim being verified")
-
-    def _viable(self, version: str, judged: dict, results: list[dict], scale: float) -> bool:
-        """Whether every claim from the adopted head to `version` is verified, or still one
-        this node would research ahead from (`adoption.worth_ahead`; its own: still open or
-        held). A claim whose looks went against it, or whose confirmations stopped counting (a
-        replay contradicted their peers), takes the node back: it builds on nothing it would
-        not choose now (`scale`: `consensus.gain_scale`)."""
-        made = {}
-        for r in sorted(results, key=lambda r: r["time"], reverse=True):
-            made[r["child"]] = r
-        seen = set()
-        while version != self.adopted:
-            r = made.get(version)
-            if r is None or version in seen:
-                return r is None and self._builds_on(version, self.adopted)
-            seen.add(version)
-            j = judged.get(r["id"])
-            mine = r["author"] == self.me.peer_id
-            if not (j is None or j.state == "verified" or (
-                j.state in ("open", consensus.HELD) if mine else adoption.worth_ahead(r, j, scale)
-            )):  # fmt: skip
-                return False
-            version = r["parent"]
-        return True
 
     def follow(self) -> Verified | None:
         """A step of a node that stopped researching and follows the swarm: adopt the best head
