@@ -251,29 +251,37 @@ def test_a_node_drawn_for_a_claim_on_its_head_looks_at_it_at_the_next_step(
     assert worker.adopted == sha(BASELINE)  # adoption waits for the evidence (the first win's hold)
 
 
+def _look_at(book, who, result: str, gain: float, seed: int) -> None:
+    """`who`'s signed look at the claim `result`: a gain of `gain` on `seed`, in `book`."""
+    body = wire.verification_body(
+        result=result, child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=seed, profile="test",
+        harness=harness_sha256(PROFILE), verdict="confirm" if gain > 0 else "refute",
+    )  # fmt: skip
+    book.ingest(wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw)
+
+
+def _alice_on_bobs_claim(book, alice, bob, tmp_path, verify_every: int):
+    """bob's kept claim of NARROW on the baseline in `book`, alice's worker started on it, and
+    a way to sign a peer's look at the claim: (worker, the claim's id, look(who, gain, seed))."""
+    landscape = Landscape()
+    with ledger_of(tmp_path, "bob") as bobs:
+        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
+        gossip(bobs, book)
+    worker = researcher(
+        book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=verify_every
+    )
+    worker.start()
+    (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
+    return worker, claim["id"], lambda who, gain, seed: _look_at(book, who, claim["id"], gain, seed)
+
+
 def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
     book, alice, bob, carol, tmp_path
 ):
     """A claim on the adopted head that the looks favour is where research goes on while it is
     judged, after a look of the node's own (its first run of the child, on its own seed, is
     a look); once the looks refute it, the node is back on the adopted head."""
-    landscape = Landscape()
-    with ledger_of(tmp_path, "bob") as bobs:
-        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
-        gossip(bobs, book)
-    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=0)
-    worker.start()
-    (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
-
-    def look(who, gain, seed):
-        body = wire.verification_body(
-            result=claim["id"], child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=seed,
-            profile="test", harness=harness_sha256(PROFILE), verdict="confirm" if gain > 0 else "refute",
-        )  # fmt: skip
-        book.ingest(
-            wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw
-        )
-
+    worker, claim, look = _alice_on_bobs_claim(book, alice, bob, tmp_path, verify_every=0)
     worker.verify_every = 1
     worker._speculate()
     assert worker.head.sha256 == sha(BASELINE)  # no look yet, and no gain verified to size it
@@ -284,7 +292,7 @@ def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
     assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)  # its run serves
     for k in range(9):  # three peers against the two that found a gain (carol, and alice)
         look((DAVE, ERIN, FRANK)[k % 3], -0.05, 200 + k)
-    assert book.standings("test", every=True)[1][claim["id"]].state == "refuted"
+    assert book.standings("test", every=True)[1][claim].state == "refuted"
     worker._speculate()
     assert worker.head.sha256 == sha(BASELINE) == worker.adopted
 
@@ -295,34 +303,18 @@ def test_a_node_ahead_on_a_claim_the_looks_turned_against_goes_back_before_it_is
     """A node stays ahead only on claims it would choose now: once the pooled looks show no gain,
     the claim still open (too few seeds to refute it), the node is back on the adopted head
     rather than building its research on a claim that may never be decided."""
-    landscape = Landscape()
-    with ledger_of(tmp_path, "bob") as bobs:
-        researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
-        gossip(bobs, book)
-    worker = researcher(book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=1)
-    worker.start()
-    (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
-
-    def look(who, gain, seed):
-        body = wire.verification_body(
-            result=claim["id"], child_val_bpb=1.5 - gain, parent_val_bpb=1.5, seed=seed,
-            profile="test", harness=harness_sha256(PROFILE), verdict="confirm" if gain > 0 else "refute",
-        )  # fmt: skip
-        book.ingest(
-            wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw
-        )
-
+    worker, claim, look = _alice_on_bobs_claim(book, alice, bob, tmp_path, verify_every=1)
     look(carol, 0.01, 300)
     assert isinstance(worker._speculate(), Verified)  # its own look first
     assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)
     look(DAVE, -0.01, 301)
     look(ERIN, -0.01, 302)
-    judged = book.standings("test", every=True)[1][claim["id"]]
+    judged = book.standings("test", every=True)[1][claim]
     assert judged.state == "open" and judged.gain <= 0
     worker._speculate()
     assert worker.head.sha256 == sha(BASELINE) == worker.adopted
     look(FRANK, 0.02, 303)  # the looks favour it again: the node may go ahead from it again
-    assert book.standings("test", every=True)[1][claim["id"]].gain > 0
+    assert book.standings("test", every=True)[1][claim].gain > 0
     worker._speculate()
     assert worker.head.sha256 == sha(NARROW)
 
