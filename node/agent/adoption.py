@@ -1,5 +1,6 @@
 """Adoption: find the swarm's best verified head in the ledger, and turn other verified wins made
-on older parents into three-way merges onto the head, queued as this node's next candidates.
+on older parents into three-way merges onto the head, queued as this node's next candidates;
+and which claims still being judged a node researches ahead from (`worth_ahead`, `viable`).
 
 The head comes from the ledger's `consensus` rule alone. This module never publishes and never
 runs code.
