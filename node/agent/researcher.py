@@ -307,13 +307,13 @@ class Researcher:
         )
         scale = consensus.gain_scale(judged, self.profile.paired_noise)
         mine = adoption.own_gains(self.ledger, self.me.peer_id, judged)
-        members = self.ledger.rules(self.profile.name, self.quorum).members
+        rules = self.ledger.rules(self.profile.name, self.quorum)
 
         def worth(r: dict) -> bool:
             j, own = judged[r["id"]], mine.get(r["id"], ())
             # Before any look that counts, in a campaign with members only the claim's committee
             # takes its author at its word: their looks count for all, anyone else's for itself.
-            word = bool(j.seeds or own) or members is None or bool(self._drawn([r]))
+            word = bool(j.seeds or own) or rules.members is None or bool(self._drawn([r], rules))
             return word and adoption.worth_ahead(r, j, scale, own)
 
         if self.head.sha256 != self.adopted:
@@ -584,12 +584,13 @@ class Researcher:
             ]  # fmt: skip
         return claims[:limit]
 
-    def _drawn(self, claims: list) -> list:
+    def _drawn(self, claims: list, rules: consensus.Rules | None = None) -> list:
         """The claims this node is drawn to judge at once (`committees`, from the members or
-        `_active`): nobody picks them, and they look in parallel at the next step."""
+        `_active`): nobody picks them, and they look in parallel at the next step. `rules`: the
+        ledger's, when the caller read them already."""
         if not claims:
             return claims
-        rules = self.ledger.rules(self.profile.name, self.quorum)
+        rules = rules or self.ledger.rules(self.profile.name, self.quorum)
         active = self._active() if rules.members is None else None  # one query for them all
         return [c for c in claims if self.me.peer_id in committees.committee(
             committees.look_draw(c, rules.members), c["author"], active or rules.members_for(c),
