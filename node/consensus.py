@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from node import evidence
+from node import evidence, merges
 from node.committees import committee, draw_of
 from node.errors import SwarmError
 from node.evidence import Judgement
@@ -238,9 +238,16 @@ def settle(
 ) -> dict[str, Judgement]:
     """The claims' judgements with the outlier hold applied across them: a verified claim whose
     gain lies beyond HOLD_FACTOR times the largest verified on its profile and harness (or that
-    would be its first) is HELD until HOLD_LOOKS seeds stand behind it. Only verified claims are
+    would be its first) is HELD until HOLD_LOOKS seeds stand behind it; a merge or a bundle is
+    HELD while a version it carries was made by no verified claim (`merges.unsupported`: one
+    revoked after it was merged takes its merges out of the lineage). Only verified claims are
     read, so a caller may give those alone."""
-    return _hold(dict(judged), by_id)
+    out = _hold(dict(judged), by_id)
+    verified = {rid: by_id[rid] for rid, j in out.items() if j.state == "verified"}
+    for rid, version in merges.unsupported(verified).items():
+        reason = f"held: it carries {version}, which no verified claim made (yet)"
+        out[rid] = dataclasses.replace(out[rid], state=HELD, reason=reason)
+    return out
 
 
 def _hold(

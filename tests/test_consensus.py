@@ -9,7 +9,7 @@ from conftest import BASELINE, HARNESS, confirming_looks, make_result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node import consensus, evidence
+from node import consensus, evidence, merges
 from node.consensus import (
     HELD,
     HOLD_LOOKS,
@@ -376,6 +376,32 @@ def test_a_versions_score_adds_its_lineages_verified_gains_with_their_errors():
 def test_a_child_of_an_unverified_parent_is_not_head():
     results = [result("r1", "a", BASELINE, V1), result("r2", "b", V1, V2)]
     assert best_head(results, looks("r2", "c", [0.05] * 4), "cpu", BASELINE, RULES) == BASELINE
+
+
+def test_a_merge_or_a_bundle_stands_only_while_every_claim_it_carries_is_verified():
+    """An honest node's bundle of two wins (V1 and V2, each a claim on the baseline), merged
+    onto V1, verified by its own looks, counts only while both carried claims are verified:
+    when made-up looks that verified V2 are contradicted by a replay, the bundle goes with it
+    (held), and so does a merge of the bundle."""
+    v4, v5 = "44" * 32, "55" * 32
+    results = [
+        result("r1", "a", BASELINE, V1), result("r2", "colluder", BASELINE, V2),
+        {**result("r3", "b", V1, V3), "description": f"bundle of 1: {V2[:12]}"},
+        {**result("r4", "c", V3, v4), "description": f"merge of {V3[:12]}: bundle of 1"},
+        {**result("r5", "d", v4, v5), "description": "merge of the two: not a version's name"},
+    ]  # fmt: skip
+    rows = [*looks("r1", "x", [0.03] * 4), *looks("r3", "x", [0.04] * 4),
+            *looks("r4", "y", [0.02] * 4), *looks("r5", "y", [0.02] * 4)]  # fmt: skip
+    made_up = looks("r2", "partner", [0.03] * 4)
+    judged = judge_claims(results, [*rows, *made_up], RULES)
+    assert {rid: j.state for rid, j in judged.items()} == dict.fromkeys(judged, "verified")
+    assert best_head(results, [*rows, *made_up], "cpu", BASELINE, RULES) == v5
+    judged = judge_claims(results, rows, RULES)  # V2's looks are out: it is open again
+    assert [judged[r].state for r in ("r1", "r2", "r3", "r4")] == ["verified", "open", HELD, HELD]
+    assert judged["r3"].reason == f"held: it carries {V2[:12]}, which no verified claim made (yet)"
+    assert best_head(results, rows, "cpu", BASELINE, RULES) == V1
+    assert merges.carried(f"bundle of 2: {V1[:12]}, {V2[:12]}") == [V1[:12], V2[:12]]
+    assert merges.carried("merge of ideas: lower learning rate") == []
 
 
 def test_ties_go_to_the_lower_hash_and_discards_never_lead():

@@ -13,7 +13,7 @@ from node import wire
 from node.agent.researcher import Researcher
 from node.simulation import Settings, Simulation
 from node.simulation import landscape as land
-from node.simulation.provenance import origins
+from node.simulation.provenance import carries, origins
 from node.simulation.study import figures
 
 EASY = 0.0025  # bpb: a target two or three ideas away, for swarms the tests can afford
@@ -158,6 +158,9 @@ def test_a_merge_or_a_bundle_in_a_lineage_counts_for_the_authors_of_the_changes_
             win,
             other,
         ]  # a bundle counts for each change it carries
+        # an adversary's claim carried by an honest merge or bundle is a fake in the lineage
+        assert carries(sim.made_by, bundle, {"r4"}) and carries(sim.made_by, again, {"r1"})
+        assert not carries(sim.made_by, merged, {"r4"}) and not carries(sim.made_by, other, {"r1"})
     finally:
         sim.close()
 

@@ -20,13 +20,12 @@ from node.agent.patch import change_hash, check_source, merge
 from node.agent.proposers import Context, Proposal, Proposer
 from node.evidence import Judgement, claimed_gain
 from node.ledger import Ledger
+from node.merges import BUNDLE_PREFIX, MERGE_PREFIX
 
 if TYPE_CHECKING:
     from node.agent.loop import Head
 
 Trusted = Callable[[str], bool]  # may this node run code that this peer id made?
-MERGE_PREFIX = "merge of "  # how a merge proposal's description starts
-BUNDLE_PREFIX = "bundle of "  # "bundle of N: VERSION, VERSION, ...": several wins merged as one
 
 
 def swarm_rows(ledger: Ledger, profile: str) -> tuple[list[dict], list[dict]]:

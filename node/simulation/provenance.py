@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from node.agent.adoption import BUNDLE_PREFIX, MERGE_PREFIX
+from node.merges import carried
 
 
 def lineage(made_by: Mapping[str, dict], version: str) -> list[dict]:
@@ -27,20 +27,20 @@ def origins(made_by: Mapping[str, dict], result: dict, seen: frozenset = frozens
     keep rebased onto it) the result that made the merged version, and for a bundle
     ("bundle of N: VERSION, ...") those of each version, followed back through merges of
     merges."""
-    description = result["description"]
-    if result["id"] in seen:
-        return [result]
-    if description.startswith(MERGE_PREFIX):
-        prefixes = [description[len(MERGE_PREFIX) :].split(":", 1)[0]]
-    elif description.startswith(BUNDLE_PREFIX):
-        prefixes = description.split(":", 1)[1].replace(",", " ").split()
-    else:
+    prefixes = carried(result["description"])
+    if result["id"] in seen or not prefixes:
         return [result]
     found = []
     for prefix in prefixes:
         made = next((r for v, r in made_by.items() if v.startswith(prefix)), None)
         found += [result] if made is None else origins(made_by, made, seen | {result["id"]})
     return found
+
+
+def carries(made_by: Mapping[str, dict], result: dict, ids: Collection[str]) -> bool:
+    """Whether `result` is one of the results `ids` (an adversary's claims, say) or carries one:
+    a merge or a bundle of a version such a result made, however honest its own author."""
+    return any(o["id"] in ids for o in origins(made_by, result))
 
 
 def head_shares(

@@ -422,7 +422,9 @@ class Simulation:
             "target_gain": self.target_gain,
             "lineage_steps": len(steps),
             "targets_revoked": self.targets_revoked,
-            "fakes_in_final_lineage": sum(r["id"] in self.fakes for r in steps),
+            "fakes_in_final_lineage": sum(
+                provenance.carries(self.made_by, r, self.fakes) for r in steps
+            ),
             "false_steps_in_final_lineage": sum(g <= 0 for g in gains),
             "fast_share_of_lineage": (
                 sum(self.fast_of[r["author"]] for r in steps) / len(steps) if steps else None

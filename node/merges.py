@@ -1,0 +1,42 @@
+"""What a merge or a bundle carries, as the rule reads it: the versions its description names
+("merge of VERSION: ...", "bundle of N: VERSION, ..."), and the merges that name a version no
+verified claim made. Pure: no I/O."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MERGE_PREFIX = "merge of "  # "merge of VERSION: ...": another parent's win merged onto the head
+BUNDLE_PREFIX = "bundle of "  # "bundle of N: VERSION, VERSION, ...": several wins merged as one
+
+
+def carried(description: str) -> list[str]:
+    """The versions (the first 12 hex digits of their sha256) that a merge or a bundle says it
+    carries; none for any other change."""
+    if description.startswith(MERGE_PREFIX):
+        names = [description[len(MERGE_PREFIX) :].split(":", 1)[0]]
+    elif description.startswith(BUNDLE_PREFIX) and ":" in description:
+        names = description.split(":", 1)[1].replace(",", " ").split()
+    else:
+        return []
+    return [n for n in names if re.fullmatch(r"[0-9a-f]{12}", n)]
+
+
+def unsupported(verified: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """{id: a version it carries that no claim of the rest made} for the merges and bundles
+    among `verified` (the verified claims' result rows, by id), to a fixed point: a merge of a
+    merge stands on both."""
+    standing, out = dict(verified), {}
+    while True:
+        made = {r["child"][:12] for r in standing.values()}
+        new = {
+            rid: missing[0] for rid, r in standing.items()
+            if (missing := [v for v in carried(r.get("description") or "") if v not in made])
+        }  # fmt: skip
+        if not new:
+            return out
+        out.update(new)
+        for rid in new:
+            del standing[rid]
