@@ -28,15 +28,18 @@ def unsupported(verified: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
     """{id: a version it carries that no claim of the rest made} for the merges and bundles
     among `verified` (the verified claims' result rows, by id), to a fixed point: a merge of a
     merge stands on both."""
-    standing, out = dict(verified), {}
+    named = {
+        rid: names for rid, r in verified.items() if (names := carried(r.get("description") or ""))
+    }
+    makers: dict[str, set[str]] = {}  # version -> the claims that made it
+    for rid, r in verified.items():
+        makers.setdefault(r["child"][:12], set()).add(rid)
+    out: dict[str, str] = {}
     while True:
-        made = {r["child"][:12] for r in standing.values()}
         new = {
-            rid: missing[0] for rid, r in standing.items()
-            if (missing := [v for v in carried(r.get("description") or "") if v not in made])
+            rid: missing[0] for rid, names in named.items() if rid not in out
+            and (missing := [v for v in names if makers.get(v, set()) <= out.keys()])
         }  # fmt: skip
         if not new:
             return out
         out.update(new)
-        for rid in new:
-            del standing[rid]
