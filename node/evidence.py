@@ -211,15 +211,14 @@ def seeds_to_replay(
     instead of a replay of every look at once (`Researcher._replay_seed` lifts it once a replay
     of the claim disagreed). Within each, in the order of a hash of `me` and the seed: nodes
     that look at once replay different seeds, a peer's in proportion to its reports."""
-    looks = list(looks)
-    mine = {v["seed"] for v in looks if v["author"] == me}
     scored = ("child_val_bpb", "parent_val_bpb")
-    looks = [v for v in looks if v["author"] not in (me, author)
+    looks = [v for v in looks if v["author"] != author
              and all(v.get(k) is not None for k in scored)]  # fmt: skip
+    mine = {v["seed"] for v in looks if v["author"] == me}
     checked = cross_check(looks, tolerance)
-    reporters: dict[int, set[str]] = {}
+    reporters: dict[int, set[str]] = {}  # by seed, as every node of the device sees them
     for v in looks:
-        if (v.get("device") or "") == device and v["seed"] not in mine:
+        if (v.get("device") or "") == device:
             reporters.setdefault(v["seed"], set()).add(v["author"])
     contested = [seed for seed in reporters if (seed, device) in checked.ties]
     known = checked.contradicted | checked.agreed  # peers a replay already judged
@@ -228,10 +227,10 @@ def seeds_to_replay(
     def order(seeds: list[int], by: str = me) -> list[int]:
         return sorted(seeds, key=lambda seed: hashlib.sha256(f"{by} {seed}".encode()).digest())
 
-    if at_once is not None and looks:
+    if at_once is not None and looks:  # the same few for every node, before its own are left out
         alone = order(alone, looks[0]["result"])[:at_once]
-
-    return order(contested) + ([] if contested_only else order(alone))
+    due = order(contested) + ([] if contested_only else order(alone))
+    return [seed for seed in due if seed not in mine]
 
 
 def log_evalue(total: float, n: float, sigma: float, scale: float = MIXTURE) -> float:

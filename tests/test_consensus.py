@@ -273,6 +273,12 @@ def test_a_replay_is_due_while_a_verdict_rests_on_looks_nobody_replayed():
     few = [evidence.seeds_to_replay(made_up, f"h{k}", "a", "cpu", RULES.tolerance, at_once=2)
            for k in range(12)]  # fmt: skip
     assert all(len(s) == 2 for s in few) and len({seed for s in few for seed in s}) == 2
+    # the lookers replaying at once too: each leaves out its own seeds after the few are drawn
+    lookers = [*made_up, *(report("r1", f"c{j}", 10 * j + k, 1.50, 1.52)
+                           for j in (2, 3, 4) for k in range(3))]  # fmt: skip
+    few = [evidence.seeds_to_replay(lookers, who, "a", "cpu", RULES.tolerance, at_once=2)
+           for who in ("c", "c2", "c3", "c4", *(f"h{k}" for k in range(12)))]  # fmt: skip
+    assert len({seed for s in few for seed in s}) == 2 and all(1 <= len(s) <= 2 for s in few)
     assert evidence.seeds_to_replay(made_up, "h1", "a", "cpu", RULES.tolerance, True) == []
     assert evidence.seeds_to_replay(made_up, "h1", "a", "gpu", RULES.tolerance) == []
     tie = [*made_up, report("r1", "h1", 11, 1.531, 1.530)]
