@@ -245,8 +245,7 @@ def settle(
     out = _hold(dict(judged), by_id)
     verified = {rid: by_id[rid] for rid, j in out.items() if j.state == "verified"}
     for rid, version in merges.unsupported(verified).items():
-        reason = f"held: it carries {version}, which no verified claim made (yet)"
-        out[rid] = dataclasses.replace(out[rid], state=HELD, reason=reason)
+        out[rid] = dataclasses.replace(out[rid], state=HELD, reason=merges.held_reason(version))
     return out
 
 

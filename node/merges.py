@@ -1,6 +1,6 @@
 """What a merge or a bundle carries, as the rule reads it: the versions its description names
-("merge of VERSION: ...", "bundle of N: VERSION, ..."), and the merges that name a version no
-verified claim made. Pure: no I/O."""
+("merge of VERSION: ...", "bundle of N: VERSION, ..."), the merges that name a version no
+verified claim made, and the reason such a merge is held. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -10,6 +10,18 @@ from typing import Any
 
 MERGE_PREFIX = "merge of "  # "merge of VERSION: ...": another parent's win merged onto the head
 BUNDLE_PREFIX = "bundle of "  # "bundle of N: VERSION, VERSION, ...": several wins merged as one
+HELD_FOR = "held: it carries "  # the start of the reason of a merge held for what it carries
+
+
+def held_reason(version: str) -> str:
+    """Why a verified merge or bundle is held: it carries `version`, which no verified claim made."""
+    return f"{HELD_FOR}{version}, which no verified claim made (yet)"
+
+
+def waits_on_parts(reason: str) -> bool:
+    """Whether a claim's judgement (its `reason`) holds it for what it carries: more looks at it
+    cannot move it, the verdicts on its parts can."""
+    return reason.startswith(HELD_FOR)
 
 
 def carried(description: str) -> list[str]:

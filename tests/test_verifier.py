@@ -123,6 +123,20 @@ def test_a_held_claim_comes_again():
     assert picked(results, once) == ["r1"]
 
 
+def test_a_bundle_held_for_a_claim_it_carries_waits_on_that_claim_not_on_more_looks():
+    """A verified bundle carrying an open claim is held until that claim is verified: looks at
+    the bundle cannot move it, looks at the claim can, so only the claim is picked."""
+    part = {**row("r2", "bob", 0.02), "child": "ab" * 32}
+    bundle = {**row("r3", "carol", 0.04, parent="c1"), "description": f"bundle of 1: {'ab' * 6}"}
+    results = [row("r1", "alice", 0.03), part, bundle]
+    seen = [*looks("r1", "x", [0.03] * 4), *looks("r3", "x", [0.04] * 4)]
+    judged = consensus.judge_claims(results, seen, RULES)
+    assert [judged[r].state for r in ("r1", "r2", "r3")] == ["verified", "open", consensus.HELD]
+    assert picked(results, seen) == ["r2"]
+    verified = [*seen, *looks("r2", "y", [0.02] * 4)]
+    assert consensus.judge_claims(results, verified, RULES)["r3"].state == "verified"
+
+
 def test_a_node_verifies_only_claims_whose_committee_it_sits_on():
     members = frozenset({"alice", "me", "bob", "carol", "dave", "erin"})
     r = rules(1, members=members, committee=2)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node import committees, consensus, evidence, wire
+from node import committees, consensus, evidence, merges, wire
 from node.agent.errors import AgentError
 from node.agent.loop import VERIFY_RUN, Check, policy_check, record_run
 from node.evidence import Judgement
@@ -76,6 +76,7 @@ def claims_to_verify(
         j = judged.get(r["id"])
         return j is not None and (
             r["author"] != me and r["author"] not in skip and j.state in WANTING
+            and not merges.waits_on_parts(j.reason)  # its parts' verdicts move it, not looks
             and j.seeds < rules.look_budget and mine[r["id"]] < evidence.PEER_CAP
             and not (r["id"] in tried and not mine[r["id"]])  # it crashed or was void here
             and ((members := rules.members_for(r)) is None
