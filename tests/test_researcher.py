@@ -260,15 +260,16 @@ def _look_at(book, who, result: str, gain: float, seed: int) -> None:
     book.ingest(wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body).raw)
 
 
-def _alice_on_bobs_claim(book, alice, bob, tmp_path, verify_every: int):
-    """bob's kept claim of NARROW on the baseline in `book`, alice's worker started on it, and
-    a way to sign a peer's look at the claim: (worker, the claim's id, look(who, gain, seed))."""
+def _alice_on_bobs_claim(book, alice, bob, tmp_path, verify_every: int, proposals=(SOFTCAP,)):
+    """bob's kept claim of NARROW on the baseline in `book`, alice's worker started on it (her
+    proposals: `proposals`), and a way to sign a peer's look at the claim: (worker, the claim's
+    id, look(who, gain, seed))."""
     landscape = Landscape()
     with ledger_of(tmp_path, "bob") as bobs:
         researcher(bobs, bob, tmp_path / "bob", Scripted(NARROW), landscape, verify_every=0).step()
         gossip(bobs, book)
     worker = researcher(
-        book, alice, tmp_path, Scripted(SOFTCAP), landscape, verify_every=verify_every
+        book, alice, tmp_path, Scripted(*proposals), landscape, verify_every=verify_every
     )
     worker.start()
     (claim,) = book.rows("SELECT id FROM results WHERE outcome = 'keep'")
@@ -295,6 +296,30 @@ def test_a_node_researches_ahead_from_a_favoured_claim_and_back_when_it_fails(
     assert book.standings("test", every=True)[1][claim].state == "refuted"
     worker._speculate()
     assert worker.head.sha256 == sha(BASELINE) == worker.adopted
+
+
+def test_a_node_that_goes_back_takes_its_own_wins_ahead_with_it(book, alice, bob, carol, tmp_path):
+    """Ahead on bob's claim, alice keeps a change of her own on it; the looks then refute bob's
+    claim: back on the adopted head, her first proposal is her win rebased onto it."""
+    worker, claim, look = _alice_on_bobs_claim(
+        book, alice, bob, tmp_path, verify_every=1, proposals=(BOTH,)
+    )
+    look(carol, 0.05, 300)
+    assert isinstance(worker._speculate(), Verified)  # its own look first
+    assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)
+    step = worker._research(worker.head)  # its research from there (a step's last resort)
+    worker.publish(step.fact)
+    worker.head = step.head
+    assert step.outcome == "keep" and worker.adopted == sha(BASELINE)
+    assert worker.head.sha256 == sha(BOTH)
+    for k in range(9):
+        look((DAVE, ERIN, FRANK)[k % 3], -0.05, 200 + k)
+    assert book.standings("test", every=True)[1][claim].state == "refuted"
+    worker._speculate()
+    assert worker.head.sha256 == sha(BASELINE) == worker.adopted
+    (first, *_) = worker.proposer.queue
+    assert first.proposal.description.startswith(f"merge of {sha(BOTH)[:12]}")
+    assert first.proposal.source == FOUR_STEPS  # her change alone, onto the adopted head
 
 
 def test_a_node_ahead_on_a_claim_the_looks_turned_against_goes_back_before_it_is_refuted(

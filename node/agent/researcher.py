@@ -295,7 +295,8 @@ class Researcher:
         """Research ahead of the evidence: from the adopted head, move to another peer's claim on
         it that the looks so far favour (`adoption.worth_ahead`), so that the next win is found
         while this one is being verified; a claim it would no longer choose (`adoption.viable`)
-        takes the node back to the adopted head. Its own kept chain goes first. The node's
+        takes the node back to the adopted head, its own keeps on that chain queued there as
+        merges (`adoption.rebase`). Its own kept chain goes first. The node's
         first run of such a child, on its own first seed, is a look at the claim, returned as
         the step: the run its research pairs with is evidence for everyone, and adopting the
         claim later needs no re-score. Adoption, the head and every "best" still read verified
@@ -320,13 +321,17 @@ class Researcher:
             if adoption.viable(self.ledger, self.profile.name, self.me.peer_id, self.head.sha256,
                                self.adopted, results, judged, worth):  # fmt: skip
                 return
-            source = self.ledger.version(self.adopted)
+            source, left = self.ledger.version(self.adopted), self.head
             if source is None:
                 return
             try:
                 self.head = Head(source.decode(), self.score(source.decode()))
             except AgentError:  # adopt() said why; it keeps the head it had
                 return
+            # its own keeps on the chain it leaves go across first, as when it adopts (`adopt`)
+            self.proposer.queue_for(
+                self.head.source, [p for p in [self._rebase(left, self.head)] if p]
+            )
         favoured = [
             r for r in results
             if r["parent"] == self.adopted and r["author"] != self.me.peer_id
