@@ -344,6 +344,38 @@ def test_a_node_ahead_on_a_claim_the_looks_turned_against_goes_back_before_it_is
     assert worker.head.sha256 == sha(NARROW)
 
 
+def test_a_node_goes_ahead_only_from_a_claim_the_looks_favour_beyond_noise(
+    book, alice, bob, carol, tmp_path
+):
+    """A pooled gain within a standard error of zero is no reason to build on a claim: its looks
+    may stop before they settle it, and the node would stay on it. The test profile's paired
+    noise is 0.005: one look of +0.002 is within it, two that pool to +0.006 are beyond it."""
+    worker, claim, look = _alice_on_bobs_claim(book, alice, bob, tmp_path, verify_every=1)
+    look(carol, 0.002, 300)
+    judged = book.standings("test", every=True)[1][claim]
+    assert judged.state == "open" and 0 < judged.gain < PROFILE.paired_noise
+    assert worker._speculate() is None and worker.head.sha256 == sha(BASELINE)
+    look(DAVE, 0.01, 301)
+    judged = book.standings("test", every=True)[1][claim]
+    assert judged.state == "open" and judged.gain > PROFILE.paired_noise / 2**0.5
+    assert isinstance(worker._speculate(), Verified)  # its own look first, then ahead
+    assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)
+
+
+def test_a_node_leaves_a_claim_whose_author_lost_standing_here(book, alice, bob, carol, tmp_path):
+    """Nobody here looks again at the claims of a peer that lost standing, so the looks that
+    favour its claim would hold it open, and the node on it, for good: the node goes back to
+    the adopted head."""
+    worker, claim, look = _alice_on_bobs_claim(book, alice, bob, tmp_path, verify_every=1)
+    look(carol, 0.05, 300)
+    assert isinstance(worker._speculate(), Verified)
+    assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)
+    book.record_offences({(bob.peer_id, "junk"): 1})  # a junk frame costs a ban's worth
+    assert book.standings("test", every=True)[1][claim].state in ("open", consensus.HELD)
+    worker._speculate()
+    assert worker.head.sha256 == sha(BASELINE) == worker.adopted
+
+
 def two_verified_wins(book, bob, carol, tmp_path, landscape, bobs_runs=None, **bobs) -> None:
     """bob keeps NARROW and carol FOUR_STEPS, each verifies the other's, and `book` gets it all."""
     with ledger_of(tmp_path, "bob") as bobs_book, ledger_of(tmp_path, "carol") as carols:

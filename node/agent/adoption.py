@@ -9,6 +9,7 @@ runs code.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,9 @@ def _ancestors(results: list[Mapping[str, Any]], version: str) -> set[str]:
     return seen
 
 
+AHEAD_SES = 1.0  # how far the looks must favour a claim to research ahead from it (`worth_ahead`)
+
+
 def favour(claim: Mapping[str, Any], j: Judgement, own: Sequence[float] = ()) -> float:
     """How much a claim is worth researching ahead from: the pooled gain of its looks that count
     (`j`) and of this node's own that do not (`own`: its gains, one per seed, `own_gains`),
@@ -91,15 +95,22 @@ def favour(claim: Mapping[str, Any], j: Judgement, own: Sequence[float] = ()) ->
 
 
 def worth_ahead(
-    claim: Mapping[str, Any], j: Judgement, scale: float, own: Sequence[float] = ()
+    claim: Mapping[str, Any], j: Judgement, scale: float, sigma: float, own: Sequence[float] = ()
 ) -> bool:
-    """Whether an open (or held) claim is one to research ahead from: the looks favour it
-    (`favour` above zero). Before any look, its author is taken at its word only for a gain of
-    the size verified on the profile (`scale`, the hold's: `consensus.gain_scale`): a claim of
-    a huge gain would draw every node onto a stranger's code."""
-    gain = favour(claim, j, own)
-    return (j.state in ("open", consensus.HELD) and gain > 0
-            and (j.seeds > 0 or bool(own) or gain <= consensus.HOLD_FACTOR * scale))  # fmt: skip
+    """Whether an open (or held) claim is one to research ahead from: the looks favour it by at
+    least AHEAD_SES standard errors of their mean (`favour`; `sigma`: the profile's paired
+    noise, one seed's). A gain within noise of zero is no reason to build on a claim: its looks
+    may stop long before they settle it (its committee busy with a flood of claims, say), and
+    every node that went ahead would stay on it. Before any look, its author is taken at its
+    word only for a gain of the size verified on the profile (`scale`, the hold's:
+    `consensus.gain_scale`): a claim of a huge gain would draw every node onto a stranger's
+    code."""
+    gain, looks = favour(claim, j, own), j.seeds + len(own)
+    if j.state not in ("open", consensus.HELD):
+        return False
+    if looks:
+        return gain >= AHEAD_SES * sigma / math.sqrt(looks)
+    return 0 < gain <= consensus.HOLD_FACTOR * scale
 
 
 def own_gains(ledger: Ledger, me: str, judged: Mapping[str, Judgement]) -> dict[str, list[float]]:

@@ -309,13 +309,19 @@ class Researcher:
         scale = consensus.gain_scale(judged, self.profile.paired_noise)
         mine = adoption.own_gains(self.ledger, self.me.peer_id, judged)
         rules = self.ledger.rules(self.profile.name, self.quorum)
+        # standing costs a judgement of every claim: only once a claim is otherwise worth it
+        lost = functools.cache(lambda: silenced(ledger_standing(self.ledger)))
 
         def worth(r: dict) -> bool:
             j, own = judged[r["id"]], mine.get(r["id"], ())
             # Before any look that counts, in a campaign with members only the claim's committee
             # takes its author at its word: their looks count for all, anyone else's for itself.
             word = bool(j.seeds or own) or rules.members is None or bool(self._drawn([r], rules))
-            return word and adoption.worth_ahead(r, j, scale, own)
+            # Nor a claim of a peer that lost standing here: nobody here looks at its claims
+            # again (`verifier.ledger_claims_to_verify`), so a few lucky looks would hold it
+            # open, and the node on it, for good.
+            return (word and adoption.worth_ahead(r, j, scale, self.profile.paired_noise, own)
+                    and r["author"] not in lost())  # fmt: skip
 
         if self.head.sha256 != self.adopted:
             if adoption.viable(self.ledger, self.profile.name, self.me.peer_id, self.head.sha256,
@@ -338,9 +344,6 @@ class Researcher:
             and r["id"] in judged and worth(r) and self.ledger.version(r["child"]) is not None
             and (self.trusted is None or self.trusted(r["author"]))
         ]  # fmt: skip
-        if favoured:  # standing costs a judgement of every claim: only when there is a choice
-            skip = silenced(ledger_standing(self.ledger))
-            favoured = [r for r in favoured if r["author"] not in skip]
         if not favoured:
             return
         pick = max(
