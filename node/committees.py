@@ -29,6 +29,20 @@ def committee(draw: str, author: str, members: Collection[str], size: int) -> tu
     return tuple(ranked[:size])
 
 
+def panel(claim: Mapping[str, Any], rules: Any, out: Collection[str] = ()) -> frozenset[str] | None:
+    """The committee that judges `claim` under `rules` (`consensus.Rules`), None in an open
+    campaign: drawn from the members the claim is judged by, the peers `out` left out (those a
+    replay contradicted: their looks count on no claim), so that the next member in rank takes
+    a contradicted one's seat and a claim is never left to fewer honest lookers than its
+    committee's size (one honest member, capped at `evidence.PEER_CAP` seeds, could never
+    settle it)."""
+    members = rules.members_for(claim)
+    if members is None:
+        return None
+    seats = committee(draw_of(claim), claim["author"], members - set(out), rules.committee_size)
+    return frozenset(seats)
+
+
 def look_draw(claim: Mapping[str, Any], members: Collection[str] | None) -> str:
     """What the peers who look at a claim are drawn by: in a campaign with `members`, what its
     committee is (`draw_of`); in an open one (None), where the draw only spreads the work and

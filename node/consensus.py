@@ -17,8 +17,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from node import evidence, merges
-from node.committees import committee, draw_of
+from node import committees, evidence, merges
 from node.errors import SwarmError
 from node.evidence import Judgement
 
@@ -132,7 +131,8 @@ def judge_claim(
 ) -> Judgement:  # fmt: skip
     """One claim's judgement from its own looks alone, those that count: by a peer other than
     its author and not `silenced`, with the same harness and profile (another harness measures
-    another thing), and, in a campaign with members, by the claim's committee; every member's
+    another thing), and, in a campaign with members, by the claim's committee, its seats drawn
+    without the `silenced` peers (`committees.panel`); every member's
     look, a silenced one's too, is cross-checked against the others' on its seed
     (`evidence.cross_check`), so that any member's replay can expose a look no run stands
     behind, and which peers it contradicts does not depend on `silenced`. The
@@ -140,9 +140,7 @@ def judge_claim(
     behind it (a gain too small to tell from noise, if any: a change of no gain is refuted only
     after some 30 seeds, so verifiers stop before). What depends on other claims (the hold) is
     `settle`'s: a ledger can keep this per claim and update it at every look."""
-    panel, members = None, rules.members_for(claim)
-    if members is not None:
-        panel = set(committee(draw_of(claim), claim["author"], members, rules.committee_size))
+    members, panel = rules.members_for(claim), committees.panel(claim, rules, silenced)
     reports = [
         v for v in looks
         if v["author"] != claim["author"]
@@ -219,10 +217,12 @@ def judge_claims(
         rid: judge_claim(by_id[rid], per_claim[rid], rules, silenced) for rid in sorted(by_id)
     }
     out = contradicted(judged)
-    if out - set(silenced):  # a contradicted peer's looks count on no claim: judge without them
+    if out - set(silenced):  # a contradicted peer's looks count on no claim, nor its seat
         silenced = frozenset(silenced) | out
         for rid in sorted(by_id):
-            if any(v["author"] in out for v in per_claim[rid]):
+            if any(v["author"] in out for v in per_claim[rid]) or (
+                out & (committees.panel(by_id[rid], rules) or set())
+            ):
                 judged[rid] = judge_claim(by_id[rid], per_claim[rid], rules, silenced)
     return settle(judged, by_id)
 

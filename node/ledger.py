@@ -7,6 +7,7 @@ writes. It never trusts a stored row it could re-check: `fact()` re-verifies the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sqlite3
@@ -18,7 +19,7 @@ from typing import Any
 
 import sqlite_utils
 
-from node import consensus, wire
+from node import committees, consensus, wire
 from node.identity import Identity, peer_id_from_public_key
 from node.ledger_queries import LOOK_COLUMNS, RESULT_COLUMNS, LedgerError, LedgerQueries
 from node.ledger_schema import MIGRATIONS
@@ -367,17 +368,25 @@ class Ledger(LedgerQueries):
         looked at are judged again."""
         out = self._contradicted(conn)
         where = "" if ids is None else f" AND id IN ({', '.join('?' * len(ids := list(ids)))})"
-        self._judge(conn, f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'{where}",
-                    ids or (), out)  # fmt: skip
+        sql = f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'"
+        self._judge(conn, self.rows(sql + where, tuple(ids or ())), out)
         now = self._contradicted(conn)
-        if now != out:  # a peer came into the set, or left it: the claims it looked at change
-            new = sorted(now ^ out)
-            self._judge(
-                conn,
-                f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep' AND id IN "
-                f"(SELECT result FROM verifications WHERE author IN ({', '.join('?' * len(new))}))",
-                new, now,
-            )  # fmt: skip
+        if now != out:  # a peer came into the set, or left it: the claims it looked at change,
+            new = now ^ out  # and those whose committee it sat on, or now sits on
+            looked = {row[0] for row in conn.execute(
+                f"SELECT DISTINCT result FROM verifications WHERE author IN "
+                f"({', '.join('?' * len(new))})", tuple(new))}  # fmt: skip
+            rules = functools.cache(self.rules)
+            self._judge(conn, [
+                c for c in self.rows(sql) if c["id"] in looked
+                or any(new & (committees.panel(c, rules(c["profile"]), side) or set())
+                       for side in (out, now))
+            ], now)  # fmt: skip
+
+    def contradicted(self) -> frozenset[str]:
+        """The peers a replay contradicted on some claim (`consensus.contradicted`): their looks
+        count on no claim, and their seats on committees go to the next in rank."""
+        return self._contradicted(self.conn)
 
     def _contradicted(self, conn: sqlite3.Connection) -> frozenset[str]:
         rows = conn.execute(
@@ -386,9 +395,9 @@ class Ledger(LedgerQueries):
         return frozenset(peer for (text,) in rows for peer in json.loads(text))
 
     def _judge(
-        self, conn: sqlite3.Connection, sql: str, params: Iterable[Any], out: frozenset[str]
+        self, conn: sqlite3.Connection, claims: Iterable[Mapping[str, Any]], out: frozenset[str]
     ) -> None:
-        for claim in self.rows(sql, tuple(params)):
+        for claim in claims:
             looks = self.rows(
                 f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
             )

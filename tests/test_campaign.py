@@ -330,7 +330,7 @@ def test_a_campaign_with_members_lists_them_signed_and_a_node_judges_by_its_comm
         body = make_result(alice, 1, campaign.baseline_sha256, "11" * 32, 1.4, profile="test").body
         claim = wire.sign(alice, "result", "team", 1, body)
         assert book.ingest(claim.raw) == claim
-        from node.consensus import committee, draw_of
+        from node.committees import committee, draw_of
 
         drawn = draw_of({"parent": claim.body["parent"], "author": alice.peer_id})
         panel = committee(drawn, alice.peer_id, rules.members, rules.committee_size)

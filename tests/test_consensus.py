@@ -10,14 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node import consensus, evidence, merges
+from node.committees import committee, draw_of
 from node.consensus import (
     HELD,
     HOLD_LOOKS,
     ConsensusError,
     Rules,
     best_head,
-    committee,
-    draw_of,
     judge_claims,
     keep_or_discard,
     lineage_scores,

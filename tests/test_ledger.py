@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_wire import _envelope, _resign, fuzz_wire
 
-from node import consensus, ledger, wire
+from node import committees, consensus, ledger, wire
 from node.identity import Identity
 from node.ledger import Ledger, LedgerError
 from node.wire import Reason
@@ -259,6 +259,46 @@ def test_a_peer_a_replay_contradicts_counts_on_no_claim_whatever_the_order(
     assert kept[r1.id].contradicted == (bob.peer_id,)
     assert kept[r2.id].state == "open" and kept[r2.id].seeds == 0  # bob's looks: out here too
     assert book.head("cpu") == BASELINE
+    results, looks = book.claim_rows("cpu")
+    pure = consensus.judge_claims(results, looks, book.rules("cpu"))
+    assert {rid: (j.state, j.seeds) for rid, j in pure.items()} == {
+        rid: (j.state, j.seeds) for rid, j in kept.items()
+    }
+
+
+@pytest.mark.parametrize("contradiction_first", [False, True])
+def test_a_contradicted_members_seat_goes_to_the_next_in_rank_whatever_the_order(
+    book, alice, contradiction_first
+):
+    """In a campaign with members, bob sits on the committee of alice's claim r2 and replays
+    contradict his looks at r1: his seat on r2 goes to the next member in rank, whose looks at
+    r2 then count, though bob never looked at r2 (a committee left to one honest member, capped
+    at PEER_CAP seeds, could never settle a claim). The ledger's kept judgements are the pure
+    rule's, whichever comes first."""
+    people = {p.peer_id: p for p in (Identity(bytes(range(k, k + 32))) for k in range(1, 9))}
+    ids = frozenset(people) | {alice.peer_id}
+    set_terms(book, members=sorted(ids))
+    r1, r2 = make_result(alice, 1, BASELINE, V1, 1.40), make_result(alice, 2, V1, V2, 1.35)
+    seats = committees.panel({**r2.body, "author": alice.peer_id}, book.rules("cpu"))
+    bob = people[min(seats)]
+    (heir,) = committees.panel({**r2.body, "author": alice.peer_id}, book.rules("cpu"),
+                               {bob.peer_id}) - seats  # fmt: skip
+    heir = people[heir]
+    replayers = [p for p in people.values() if p not in (bob, heir)][:2]
+    made_up = [make_verification(bob, 1 + k, r1, delta=-0.05, seed=10 + k) for k in range(3)]
+    replays = [make_verification(p, 1, r1, "refute", delta=0.01, seed=10) for p in replayers]
+    heirs = confirming_looks(heir, 1, r2)
+    for f in [r1, r2, *(made_up + replays if contradiction_first else heirs)]:
+        book.ingest(f.raw)
+    if not contradiction_first:
+        assert book.standings("cpu", every=True)[1][r2.id].seeds == 0  # not on its committee
+    for f in heirs if contradiction_first else made_up + replays:
+        book.ingest(f.raw)
+    _, kept, _ = book.standings("cpu", every=True)
+    assert kept[r1.id].contradicted == (bob.peer_id,)
+    assert kept[r2.id].state in ("verified", consensus.HELD) and kept[r2.id].peers == (
+        heir.peer_id,
+    )
     results, looks = book.claim_rows("cpu")
     pure = consensus.judge_claims(results, looks, book.rules("cpu"))
     assert {rid: (j.state, j.seeds) for rid, j in pure.items()} == {

@@ -599,10 +599,12 @@ class Researcher:
         if not claims:
             return claims
         rules = rules or self.ledger.rules(self.profile.name, self.quorum)
-        active = self._active() if rules.members is None else None  # one query for them all
+        if rules.members is not None:  # the committee, a contradicted member's seat made good
+            out = self.ledger.contradicted()
+            return [c for c in claims if self.me.peer_id in committees.panel(c, rules, out)]
+        active = self._active()  # one query for them all
         return [c for c in claims if self.me.peer_id in committees.committee(
-            committees.look_draw(c, rules.members), c["author"], active or rules.members_for(c),
-            rules.committee_size)]  # fmt: skip
+            committees.look_draw(c, None), c["author"], active, rules.committee_size)]  # fmt: skip
 
     def _replayer(self, claim: dict, seed: int | None = None) -> bool:
         """Whether this node is drawn to replay a seed of `claim`, its author's (None) or that

@@ -72,6 +72,8 @@ def claims_to_verify(
     )
     tried = {v["result"] for v in verifications if v["author"] == me}
 
+    out = consensus.contradicted(judged)  # their seats on committees go to the next in rank
+
     def wanted(r: Mapping[str, Any]) -> bool:
         j = judged.get(r["id"])
         return j is not None and (
@@ -79,9 +81,7 @@ def claims_to_verify(
             and not merges.waits_on_parts(j.reason)  # its parts' verdicts move it, not looks
             and j.seeds < rules.look_budget and mine[r["id"]] < evidence.PEER_CAP
             and not (r["id"] in tried and not mine[r["id"]])  # it crashed or was void here
-            and ((members := rules.members_for(r)) is None
-                 or me in committees.committee(committees.draw_of(r), r["author"], members,
-                                              rules.committee_size))
+            and ((seats := committees.panel(r, rules, out)) is None or me in seats)
         )  # fmt: skip
 
     def gain(r: Mapping[str, Any]) -> float:
