@@ -149,6 +149,29 @@ def test_a_node_verifies_only_claims_whose_committee_it_sits_on():
     assert sorted(mine) == sorted(on) and 0 < len(on) < len(results)
 
 
+def test_a_contradicted_members_seat_is_taken_by_the_next_in_rank():
+    """A member that replays contradicted sits on no committee: the next member in rank looks
+    at the claims whose committee it sat on."""
+    members = frozenset({"alice", "me", "bob", "carol", "dave", "erin", "frank", "gina"})
+    r = rules(1, members=members, committee=3)
+    seats = lambda c, out=(): committees.panel(c, r, out)  # noqa: E731
+    claim = next(c for c in (row("r2", "alice", parent=f"p{i}") for i in range(200))
+                 if "me" not in seats(c) and "me" in seats(c, {min(seats(c))}))  # fmt: skip
+    liar = min(seats(claim))
+    other = row("r1", "alice", parent="q")
+
+    def report(author, child):
+        return {**look("r1", author, 1.52 - child, seed=10), "child_val_bpb": child,
+                "parent_val_bpb": 1.52, "device": "cpu"}  # fmt: skip
+
+    replayers = sorted(members - {"alice", "me", liar})[:2]
+    made_up = [report(liar, 1.50), *(report(who, 1.531) for who in replayers)]
+    assert picked([claim, other], [], r=r, limit=20) == []
+    judged = consensus.judge_claims([claim, other], made_up, r)
+    assert consensus.contradicted(judged) == {liar}
+    assert picked([claim, other], made_up, r=r, limit=20) == ["r2"]
+
+
 @pytest.fixture
 def book(tmp_path):
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
