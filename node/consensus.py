@@ -132,14 +132,14 @@ def judge_claim(
     """One claim's judgement from its own looks alone, those that count: by a peer other than
     its author and not `silenced`, with the same harness and profile (another harness measures
     another thing), and, in a campaign with members, by the claim's committee, its seats drawn
-    without the `silenced` peers (`committees.panel`); every member's
-    look, a silenced one's too, is cross-checked against the others' on its seed
-    (`evidence.cross_check`), so that any member's replay can expose a look no run stands
-    behind, and which peers it contradicts does not depend on `silenced`. The
-    evidence's state (`evidence.judge`), UNPROVEN when it is open with `rules.look_budget` seeds
-    behind it (a gain too small to tell from noise, if any: a change of no gain is refuted only
-    after some 30 seeds, so verifiers stop before). What depends on other claims (the hold) is
-    `settle`'s: a ledger can keep this per claim and update it at every look."""
+    without the `silenced` peers (`committees.panel`); every member's look, a silenced one's
+    too, is cross-checked against the others' on its seed (`evidence.cross_check`), so that any
+    member's replay can expose a look no run stands behind, and which peers it contradicts does
+    not depend on `silenced`. The evidence's state (`evidence.judge`), UNPROVEN when it is open
+    with `rules.look_budget` seeds behind it (a gain too small to tell from noise, if any: a
+    change of no gain is refuted only after some 30 seeds, so verifiers stop before). What
+    depends on other claims (the hold) is `settle`'s: a ledger can keep this per claim and
+    update it at every look."""
     members, panel = rules.members_for(claim), committees.panel(claim, rules, silenced)
     reports = [
         v for v in looks

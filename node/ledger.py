@@ -364,8 +364,9 @@ class Ledger(LedgerQueries):
         """Judge the kept claims `ids` (None: all) again from their looks, under the terms, and
         keep each judgement in `claims`: one claim's looks only, so a look costs its claim alone.
         A peer that a replay of its seed contradicts on any claim is out of every claim
-        (`consensus.contradicted`): when one comes into that set, or leaves it, the claims it
-        looked at are judged again."""
+        (`consensus.contradicted`), nor holds a seat on a committee (`committees.panel`): when
+        one comes into that set, or leaves it, the claims it looked at and those whose committee
+        it sat on, or now sits on, are judged again."""
         out = self._contradicted(conn)
         where = "" if ids is None else f" AND id IN ({', '.join('?' * len(ids := list(ids)))})"
         sql = f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'"
