@@ -153,7 +153,9 @@ def _text(out: dict) -> str:
         ]
     lines += [
         f"  final lineages: {out['lineage_steps']} verified steps, "
-        f"{out['fakes_in_final_lineage']} by adversaries, {out['false_steps_in_final_lineage']} "
+        f"{out['fakes_in_final_lineage']} by adversaries"
+        f"{' (seeds ' + ', '.join(map(str, out['fake_seeds'])) + ')' if out['fake_seeds'] else ''}"
+        f", {out['false_steps_in_final_lineage']} "
         f"of no true gain; mean final gain {out['final_head_gain']:.4f} bpb; "
         f"{out['targets_revoked']} head(s) at the target revoked, research went on",
         f"  honest nodes' time on a liar's head: {out['liar_head_share']['mean']:.1%} "

@@ -116,8 +116,8 @@ def test_a_partition_heals_and_both_halves_agree():
 
 
 def test_the_study_reports_medians_intervals_and_unreached_seeds():
-    def summary(hours):
-        return {"hours_to_target": hours, "fakes_in_final_lineage": 0,
+    def summary(hours, fakes=0):
+        return {"hours_to_target": hours, "fakes_in_final_lineage": fakes,
                 "false_steps_in_final_lineage": 0, "lineage_steps": 3, "targets_revoked": 1,
                 "liar_head_share": 0.0,
                 "fake_head_share": 0.0, "fast_share_of_lineage": None,
@@ -125,12 +125,13 @@ def test_the_study_reports_medians_intervals_and_unreached_seeds():
                 "runs_by_purpose": {"research": 10}, "settings": {"fast_hardware": 0.0}}  # fmt: skip
 
     seeds = range(5)
-    runs = {"swarm": {s: summary(h) for s, h in zip(seeds, [2, 3, 4, 5, None], strict=True)},
+    runs = {"swarm": {s: summary(h, s == 3) for s, h in zip(seeds, [2, 3, 4, 5, None], strict=True)},
             "trusting": {s: summary(h) for s, h in zip(seeds, [2, 2, 3, 4, 5], strict=True)},
             "lone_swarm_rule": {s: summary(h) for s, h in zip(seeds, [20, 45, 40, 30, 60], strict=True)},
             "lone_keep_if_lower": {s: summary(None) for s in seeds}}  # fmt: skip
     out = figures(runs, seeds)
     assert out["median_hours"] == 4 and out["seeds_reaching_target"] == 4
+    assert out["fake_seeds"] == [3] and out["seeds_with_fake_in_final_lineage"] == 1
     assert out["trusting_median_hours"] == 3
     assert out["verification_cost"]["value"] == pytest.approx(4 / 3 - 1)
     assert out["speedup_vs_lone_swarm_rule"]["value"] == 10

@@ -65,10 +65,12 @@ def study(
         for done, ((count, name), seed, future) in enumerate(futures, 1):
             runs[(count, name)][seed] = future.result()
             if progress is not None:
-                hours = runs[(count, name)][seed]["hours_to_target"]
+                summary = runs[(count, name)][seed]
+                hours, fakes = summary["hours_to_target"], summary["fakes_in_final_lineage"]
                 label = name if count is None or len(counts) == 1 else f"{name} of {count}"
                 progress(f"{done}/{len(futures)} {label} seed {seed}: "
-                         f"{'not reached' if hours is None else f'{hours:.1f} h'}")  # fmt: skip
+                         f"{'not reached' if hours is None else f'{hours:.1f} h'}"
+                         f"{f', {fakes} fake(s) in its final lineage' if fakes else ''}")  # fmt: skip
     each = {
         count: figures({name: by_seed for (c, name), by_seed in runs.items() if c in (count, None)},
                        seeds)
@@ -103,6 +105,7 @@ def figures(runs: dict[str, dict[int, dict]], seeds: Sequence[int]) -> dict:
         )
     out["fakes_in_final_lineage"] = sum(r["fakes_in_final_lineage"] for r in swarm)
     out["seeds_with_fake_in_final_lineage"] = sum(r["fakes_in_final_lineage"] > 0 for r in swarm)
+    out["fake_seeds"] = [s for s in seeds if runs["swarm"][s]["fakes_in_final_lineage"]]
     out["false_steps_in_final_lineage"] = sum(r["false_steps_in_final_lineage"] for r in swarm)
     out["lineage_steps"] = sum(r["lineage_steps"] for r in swarm)
     out["targets_revoked"] = sum(r["targets_revoked"] for r in swarm)
