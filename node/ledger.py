@@ -373,16 +373,18 @@ class Ledger(LedgerQueries):
         self._judge(conn, self.rows(sql + where, tuple(ids or ())), out)
         now = self._contradicted(conn)
         if now != out:  # a peer came into the set, or left it: the claims it looked at change,
-            new = now ^ out  # and those whose committee it sat on, or now sits on
+            came, left = now - out, out - now  # and those whose committee it sat on, or now sits on
             looked = {row[0] for row in conn.execute(
                 f"SELECT DISTINCT result FROM verifications WHERE author IN "
-                f"({', '.join('?' * len(new))})", tuple(new))}  # fmt: skip
+                f"({', '.join('?' * len(came | left))})", tuple(came | left))}  # fmt: skip
             rules = functools.cache(self.rules)
-            self._judge(conn, [
-                c for c in self.rows(sql) if c["id"] in looked
-                or any(new & (committees.panel(c, rules(c["profile"]), side) or set())
-                       for side in (out, now))
-            ], now)  # fmt: skip
+
+            def seated(claim: Mapping[str, Any], peers: frozenset[str], side: frozenset[str]):
+                return peers and peers & (committees.panel(claim, rules(claim["profile"]), side)
+                                          or set())  # fmt: skip
+
+            self._judge(conn, [c for c in self.rows(sql) if c["id"] in looked
+                               or seated(c, came, out) or seated(c, left, now)], now)  # fmt: skip
 
     def contradicted(self) -> frozenset[str]:
         """The peers a replay contradicted on some claim (`consensus.contradicted`): their looks
