@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -188,7 +189,44 @@ def main() -> int:
         print(f"summary                          {ms:7.1f} ms")
         ms, _ = timed(lambda: book.peers(), repeat=3)
         print(f"peers                            {ms:7.1f} ms")
+    contradiction(path, workdir / "members.db", args.peers)
     return 0
+
+
+def contradiction(large: Path, path: Path, peers: int) -> None:
+    """The same ledger in a campaign whose members are its peers: a look that a replay of its seed
+    contradicts makes its author hold no seat on any committee, so the ledger judges again every
+    claim whose committee it sat on (one committee drawn for each kept claim)."""
+    shutil.copy(large, path)
+    rng = random.Random(0)  # synthetic_facts' keys
+    members = [Identity(rng.randbytes(32)) for _ in range(peers)]
+    with Ledger(path, campaign=CAMPAIGN) as book:
+        start = time.perf_counter()
+        book.set_terms({"name": CAMPAIGN, "baseline": BASELINE, "quorum": 1,
+                        "members": sorted(m.peer_id for m in members)})  # fmt: skip
+        print(f"terms with {peers} members, every claim judged again  "
+              f"{time.perf_counter() - start:5.1f} s")  # fmt: skip
+        claim = book.rows("SELECT id, author, profile, harness FROM results "
+                          "WHERE outcome = 'keep' ORDER BY time LIMIT 1")[0]  # fmt: skip
+        liar, first, second = [m for m in members if m.peer_id != claim["author"]][:3]
+
+        def look(who: Identity, child: float, seed: int) -> float:
+            body = wire.verification_body(
+                result=claim["id"], child_val_bpb=child, parent_val_bpb=1.5, seed=seed,
+                profile=claim["profile"], harness=claim["harness"], verdict="confirm",
+            )  # fmt: skip
+            raw = wire.sign(who, "verification", CAMPAIGN, book.next_seq(who.public_key), body,
+                            2**40).raw  # fmt: skip
+            start = time.perf_counter()
+            assert isinstance(book.ingest(raw, now_ms=2**62), wire.Fact)
+            return (time.perf_counter() - start) * 1000
+
+        look(liar, 1.45, 5000)  # a look no run stands behind
+        look(first, 1.51, 5000)  # a replay of its seed: contested
+        ms = look(second, 1.5101, 5000)  # a second replay: contradicted
+        assert liar.peer_id in book.contradicted()
+        print(f"ingest of the look that contradicts a member  {ms:7.1f} ms  "
+              f"(every kept claim's committee drawn again)")  # fmt: skip
 
 
 if __name__ == "__main__":
