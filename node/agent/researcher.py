@@ -311,12 +311,14 @@ class Researcher:
         rules = self.ledger.rules(self.profile.name, self.quorum)
         # standing costs a judgement of every claim: only once a claim is otherwise worth it
         lost = functools.cache(lambda: silenced(ledger_standing(self.ledger)))
+        out = self.ledger.contradicted()  # their seats go to the next in rank
 
         def worth(r: dict) -> bool:
             j, own = judged[r["id"]], mine.get(r["id"], ())
             # Before any look that counts, in a campaign with members only the claim's committee
             # takes its author at its word: their looks count for all, anyone else's for itself.
-            word = bool(j.seeds or own) or rules.members is None or bool(self._drawn([r], rules))
+            word = (bool(j.seeds or own) or rules.members is None
+                    or self.me.peer_id in committees.panel(r, rules, out))  # fmt: skip
             # Nor a claim of a peer that lost standing here: nobody here looks at its claims
             # again (`verifier.ledger_claims_to_verify`), so a few lucky looks would hold it
             # open, and the node on it, for good.
@@ -592,13 +594,12 @@ class Researcher:
             ]  # fmt: skip
         return claims[:limit]
 
-    def _drawn(self, claims: list, rules: consensus.Rules | None = None) -> list:
+    def _drawn(self, claims: list) -> list:
         """The claims this node is drawn to judge at once (`committees`, from the members or
-        `_active`): nobody picks them, and they look in parallel at the next step. `rules`: the
-        ledger's, when the caller read them already."""
+        `_active`): nobody picks them, and they look in parallel at the next step."""
         if not claims:
             return claims
-        rules = rules or self.ledger.rules(self.profile.name, self.quorum)
+        rules = self.ledger.rules(self.profile.name, self.quorum)
         if rules.members is not None:  # the committee, a contradicted member's seat made good
             out = self.ledger.contradicted()
             return [c for c in claims if self.me.peer_id in committees.panel(c, rules, out)]

@@ -41,7 +41,7 @@ def claims_to_verify(
     profile: str, harness: str, rules: consensus.Rules, limit: int = 5,
     baseline: str | None = None, skip: Collection[str] = (),
     per_author: int = MAX_WAITING_PER_AUTHOR, judged: Mapping[str, Judgement] | None = None,
-    head: str | None = None,
+    head: str | None = None, out: Collection[str] | None = None,
 ) -> list[Mapping[str, Any]]:  # fmt: skip
     """Kept claims of other peers on `profile`, measured with this node's `harness`, whose
     looks can still move them (open, or held for more seeds: `consensus.judge_claims`), where
@@ -57,7 +57,8 @@ def claims_to_verify(
     author cannot starve the others; each author's claims by largest claimed gain (the likeliest
     next heads), ties by id, at most `per_author` of them. `judged`: the claims' judgements
     under `rules`, when the caller keeps them (then `verifications` need only be this node's
-    own). Pure: no I/O."""
+    own); `out`: the peers a replay contradicted on any profile, whose committee seats go to
+    the next in rank (None: those of `judged`). Pure: no I/O."""
     results = [r for r in results if r["profile"] == profile and r["outcome"] == "keep"]
     measured = [r for r in results if r["harness"] == harness]
     verifications = list(verifications)
@@ -72,7 +73,8 @@ def claims_to_verify(
     )
     tried = {v["result"] for v in verifications if v["author"] == me}
 
-    out = consensus.contradicted(judged)  # their seats on committees go to the next in rank
+    if out is None:  # the peers a replay contradicted: their seats go to the next in rank
+        out = consensus.contradicted(judged)
 
     def wanted(r: Mapping[str, Any]) -> bool:
         j = judged.get(r["id"])
@@ -123,6 +125,7 @@ def ledger_claims_to_verify(
     return claims_to_verify(
         results, mine, me, profile, harness, ledger.rules(profile, quorum), limit,
         baseline or ledger.baseline(), skip=skip, judged=judged, head=head,
+        out=ledger.contradicted(),
     )  # fmt: skip
 
 
