@@ -377,6 +377,29 @@ def test_a_node_goes_ahead_only_from_a_claim_the_looks_favour_beyond_noise(
     assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)
 
 
+def test_a_node_ahead_on_a_claim_it_is_drawn_to_judge_looks_there_before_at_any_other(
+    book, alice, bob, carol, tmp_path
+):
+    """Its research rests on the claim it is ahead from: drawn to judge it, the node looks at it
+    again before it serves any other claim. Served in turn with a flood of claims it never
+    looked at, the claim every node built on stayed at one look a judge for good."""
+    worker, claim, look = _alice_on_bobs_claim(book, alice, bob, tmp_path, verify_every=1)
+    look(carol, 0.05, 300)
+    assert isinstance(worker._speculate(), Verified)  # its own look first
+    assert worker._speculate() is None and worker.head.sha256 == sha(NARROW)
+    harness = harness_sha256(PROFILE)
+    for seq, child in enumerate((SOFTCAP, FOUR_STEPS), start=1):  # a flood, on the same head
+        book.add_version(child.encode())
+        book.ingest(make_result(FRANK, seq, sha(BASELINE), sha(child), 1.40, profile="test",
+                                harness=harness).raw)  # fmt: skip
+    flood = [c for c in worker._drawn(worker._open_claims(limit=10)) if c["id"] != claim]
+    assert flood and worker._drawn([worker._claim_row(claim)])  # it judges both
+    again = worker.step()
+    assert isinstance(again, Verified) and again.fact.body["result"] == claim
+    assert again.fact.body["seed"] == worker.seeds(2)[1]  # its second seed for the claim
+    assert worker.head.sha256 == sha(NARROW)
+
+
 def test_a_node_leaves_a_claim_whose_author_lost_standing_here(book, alice, bob, carol, tmp_path):
     """Nobody here looks again at the claims of a peer that lost standing, so the looks that
     favour its claim would hold it open, and the node on it, for good: the node goes back to

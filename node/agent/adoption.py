@@ -157,6 +157,22 @@ def viable(
     return True
 
 
+def first_ahead(results: list[dict], version: str, adopted: str | None) -> dict | None:
+    """The claim on the `adopted` head that `version` builds on through kept `results` (the
+    first step of the chain a node researches ahead on); None when `version` is the head or
+    does not build on it."""
+    made = {}
+    for r in sorted(results, key=lambda r: r["time"], reverse=True):
+        made[r["child"]] = r
+    seen = set()
+    while (r := made.get(version)) is not None and version not in seen:
+        if r["parent"] == adopted:
+            return r
+        seen.add(version)
+        version = r["parent"]
+    return None
+
+
 def made_by(ledger: Ledger, profile: str, child: str) -> dict | None:
     """The first kept result that made `child` on `profile`: its parent, author and description;
     None: none did."""

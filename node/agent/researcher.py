@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from node import committees, consensus, evidence, noise, wire
-from node.agent import adoption
+from node.agent import adoption, verifier
 from node.agent.crew import Crew
 from node.agent.doing import Doing
 from node.agent.errors import AgentError
@@ -328,6 +328,11 @@ class Researcher:
         if self.head.sha256 != self.adopted:
             if adoption.viable(self.ledger, self.profile.name, self.me.peer_id, self.head.sha256,
                                self.adopted, results, judged, worth):  # fmt: skip
+                # its research rests on the claim it is ahead from: drawn to judge it, look there
+                r = adoption.first_ahead(results, self.head.sha256, self.adopted)
+                if r and verifier.may_look(self.ledger, self.me.peer_id, r, judged[r["id"]],
+                                           rules, self.adopted, out) and self._drawn([r]):  # fmt: skip
+                    return self._look(r, "verify")
                 return
             source, left = self.ledger.version(self.adopted), self.head
             if source is None:

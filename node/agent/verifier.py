@@ -129,6 +129,20 @@ def ledger_claims_to_verify(
     )  # fmt: skip
 
 
+def may_look(
+    ledger: Ledger, me: str, claim: Mapping[str, Any], j: Judgement, rules: consensus.Rules,
+    head: str | None, out: Collection[str],
+) -> bool:  # fmt: skip
+    """Whether `me` may look at `claim` (a kept result, judged `j`) again now: the bounds of
+    `claims_to_verify` (its state, the look budget, this node's seeds, its committee)."""
+    mine = ledger.rows(
+        f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ? AND author = ?",
+        (claim["id"], me),
+    )
+    return bool(claims_to_verify([claim], mine, me, claim["profile"], claim["harness"], rules,
+                                 judged={claim["id"]: j}, head=head, out=out))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Verified:
     """One verification: the verdict, this node's runs, and the signed fact it published."""
