@@ -566,16 +566,13 @@ class Researcher:
 
     def _research(self, head: Head) -> Step:
         """One research step from `head`: a proposal run paired with the head on this node's
-        seeds for it, kept by the node's margin (`research_step`). A node of a swarm keeps on
-        its first seed: a claim is judged by its peers' looks alone, which run side by side on
-        their own seeds, so an author's second seed would only hold the claim back by two runs;
-        a node alone, whose keep is its adoption, runs an apparent win on a second seed."""
+        seeds for it, kept by the node's margin (`research_step`)."""
         return research_step(
             self.ledger, self.me, self.proposer, head, self.sigma, self.profile, self.data,
             self.work_dir, seeds=self.seeds(),
             parent_score=lambda seed: self.score_at(head.source, seed),
             calibrating=self.calibrate and self.sigma_df < CALIBRATION_DF, program=self.program,
-            check=self.check, one_seed=lambda: self.proposer.last_verified or not self.calibrate,
+            check=self.check, one_seed=lambda: self.proposer.last_verified,
             on_event=self.now.event, run=self._run, crew=self.crew, margin=self._margin,
         )  # fmt: skip
 
