@@ -115,7 +115,7 @@ def research_step(
     standard deviation of one paired difference; `margin(runs)` replaces it), and publish a signed
     result of the pairs. With a `crew`, a change that another worker of the node has in hand is
     refused. A proposal `one_seed()` is true for, asked once it is made, runs on `seeds[0]`
-    alone (a node of a swarm's: its peers' looks judge its claim)."""
+    alone (a merge of wins the swarm verified: its committee judges it)."""
     if margin is None:
         margin = functools.partial(consensus.margin_for, sigma)
     context = context_from_ledger(
