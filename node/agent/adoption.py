@@ -138,9 +138,7 @@ def viable(
     still open or held). A claim the looks turned against (one verified until a replay
     contradicted its confirmers, say, and the other looks show no gain) takes the node back,
     refuted or not: it builds on nothing it would not choose now."""
-    made = {}
-    for r in sorted(results, key=lambda r: r["time"], reverse=True):
-        made[r["child"]] = r
+    made = _first_made(results)
     seen = set()
     while version != adopted:
         r = made.get(version)
@@ -161,9 +159,7 @@ def first_ahead(results: list[dict], version: str, adopted: str | None) -> dict 
     """The claim on the `adopted` head that `version` builds on through kept `results` (the
     first step of the chain a node researches ahead on); None when `version` is the head or
     does not build on it."""
-    made = {}
-    for r in sorted(results, key=lambda r: r["time"], reverse=True):
-        made[r["child"]] = r
+    made = _first_made(results)
     seen = set()
     while (r := made.get(version)) is not None and version not in seen:
         if r["parent"] == adopted:
@@ -171,6 +167,11 @@ def first_ahead(results: list[dict], version: str, adopted: str | None) -> dict 
         seen.add(version)
         version = r["parent"]
     return None
+
+
+def _first_made(results: list[dict]) -> dict[str, dict]:
+    """{version: the first of `results` (kept ones) that made it}."""
+    return {r["child"]: r for r in sorted(results, key=lambda r: r["time"], reverse=True)}
 
 
 def made_by(ledger: Ledger, profile: str, child: str) -> dict | None:

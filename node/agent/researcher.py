@@ -329,9 +329,10 @@ class Researcher:
             if adoption.viable(self.ledger, self.profile.name, self.me.peer_id, self.head.sha256,
                                self.adopted, results, judged, worth):  # fmt: skip
                 # its research rests on the claim it is ahead from: drawn to judge it, look there
-                r = adoption.first_ahead(results, self.head.sha256, self.adopted)
-                if r and verifier.may_look(self.ledger, self.me.peer_id, r, judged[r["id"]],
-                                           rules, self.adopted, out) and self._drawn([r]):  # fmt: skip
+                r = adoption.first_ahead(results, self.head.sha256, self.adopted) or {}
+                j = judged.get(r.get("id"))
+                if j and self._drawn([r]) and verifier.may_look(self.ledger, self.me.peer_id, r, j,
+                                                                rules, self.adopted, out):  # fmt: skip
                     return self._look(r, "verify")
                 return
             source, left = self.ledger.version(self.adopted), self.head
