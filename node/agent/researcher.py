@@ -299,8 +299,8 @@ class Researcher:
         merges (`adoption.rebase`). Its own kept chain goes first. The node's
         first run of such a child, on its own first seed, is a look at the claim, returned as
         the step: the run its research pairs with is evidence for everyone, and adopting the
-        claim later needs no re-score. Adoption, the head and every "best" still read verified
-        claims alone."""
+        claim later needs no re-score. Drawn to judge the claim it is ahead from, it looks there
+        again first, while it may. Adoption, the head and every "best" read verified claims."""
         if self.head is None or self.adopted is None or not self.verify_every:
             return
         _, judged, results = self.ledger.standings(
@@ -328,7 +328,6 @@ class Researcher:
         if self.head.sha256 != self.adopted:
             if adoption.viable(self.ledger, self.profile.name, self.me.peer_id, self.head.sha256,
                                self.adopted, results, judged, worth):  # fmt: skip
-                # its research rests on the claim it is ahead from: drawn to judge it, look there
                 r = adoption.first_ahead(results, self.head.sha256, self.adopted) or {}
                 j = judged.get(r.get("id"))
                 if j and self._drawn([r]) and verifier.may_look(self.ledger, self.me.peer_id, r, j,
@@ -498,7 +497,8 @@ class Researcher:
 
     def step(self) -> Step | Verified:
         """One experiment: the look at a newly adopted head's claim (its re-score), else the
-        look at a claim it is about to research ahead from (`_speculate`), else a look at a
+        look at a claim it is about to research ahead from or is ahead from and judges
+        (`_speculate`), else a look at a
         claim on the adopted head, on the one it researches ahead from or on the adopted head's
         parent (a win beside it, to merge) this node was drawn to judge (`_drawn`), else
         a replay it is drawn for at a step of the head's lineage (a look nobody replayed, or the
