@@ -330,8 +330,8 @@ class Researcher:
                                self.adopted, results, judged, worth):  # fmt: skip
                 r = adoption.first_ahead(results, self.head.sha256, self.adopted) or {}
                 j = judged.get(r.get("id"))
-                if j and self._drawn([r]) and verifier.may_look(self.ledger, self.me.peer_id, r, j,
-                                                                rules, self.adopted, out):  # fmt: skip
+                if j and self._drawn([r], rules, out) and verifier.may_look(
+                        self.ledger, self.me.peer_id, r, j, rules, self.adopted, out):  # fmt: skip
                     return self._look(r, "verify")
                 return
             source, left = self.ledger.version(self.adopted), self.head
@@ -600,14 +600,15 @@ class Researcher:
             ]  # fmt: skip
         return claims[:limit]
 
-    def _drawn(self, claims: list) -> list:
+    def _drawn(self, claims: list, rules: consensus.Rules | None = None, out=None) -> list:
         """The claims this node is drawn to judge at once (`committees`, from the members or
-        `_active`): nobody picks them, and they look in parallel at the next step."""
+        `_active`): nobody picks them, and they look in parallel at the next step. `rules`,
+        `out` (the contradicted peers): the ledger's, when the caller read them already."""
         if not claims:
             return claims
-        rules = self.ledger.rules(self.profile.name, self.quorum)
+        rules = rules or self.ledger.rules(self.profile.name, self.quorum)
         if rules.members is not None:  # the committee, a contradicted member's seat made good
-            out = self.ledger.contradicted()
+            out = self.ledger.contradicted() if out is None else out
             return [c for c in claims if self.me.peer_id in committees.panel(c, rules, out)]
         active = self._active()  # one query for them all
         return [c for c in claims if self.me.peer_id in committees.committee(
