@@ -159,7 +159,7 @@ def judge_claim(
     )
     if j.state == "open" and j.seeds >= rules.look_budget and not j.disputed:
         j = dataclasses.replace(j, state=UNPROVEN, reason=f"unproven: {j.reason}")
-    return j
+    return j if panel is None else dataclasses.replace(j, seats=tuple(sorted(panel)))
 
 
 def _side(state: str) -> int:

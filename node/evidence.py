@@ -68,6 +68,7 @@ class Judgement:
     contradicted: tuple[str, ...] = ()  # peers whose report of a seed the replays contradict
     contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
     awaits_replay: bool = False  # verified but for its author's claim, which a replay must back
+    seats: tuple[str, ...] | None = None  # the committee that judged it; None: an open campaign
 
     def as_dict(self) -> dict:
         return {"state": self.state, "gain": self.gain, "se": self.se, "seeds": self.seeds,

@@ -134,7 +134,7 @@ class Ledger(LedgerQueries):
                 step(self.db)
             self.conn.execute(f"PRAGMA user_version={max(version, len(MIGRATIONS))}")
             self.schema_version = max(version, len(MIGRATIONS))
-            if 0 < version < 3:  # the claims a release before 3 holds, judged once
+            if 0 < version < 6:  # the claims of an older release, judged once: seats kept
                 self._judge_claims(self.conn)
 
     @contextmanager
@@ -366,25 +366,38 @@ class Ledger(LedgerQueries):
         A peer that a replay of its seed contradicts on any claim is out of every claim
         (`consensus.contradicted`), nor holds a seat on a committee (`committees.panel`): when
         one comes into that set, or leaves it, the claims it looked at and those whose committee
-        it sat on, or now sits on, are judged again."""
+        it sat on (kept with each claim), or now sits on, are judged again."""
         out = self._contradicted(conn)
-        where = "" if ids is None else f" AND id IN ({', '.join('?' * len(ids := list(ids)))})"
         sql = f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'"
-        self._judge(conn, self.rows(sql + where, tuple(ids or ())), out)
+        self._judge(conn, self._kept(sql, ids), out)
         now = self._contradicted(conn)
         if now != out:  # a peer came into the set, or left it: the claims it looked at change,
             came, left = now - out, out - now  # and those whose committee it sat on, or now sits on
-            looked = {row[0] for row in conn.execute(
-                f"SELECT DISTINCT result FROM verifications WHERE author IN "
-                f"({', '.join('?' * len(came | left))})", tuple(came | left))}  # fmt: skip
-            rules = functools.cache(self.rules)
+            marks = ", ".join("?" * len(came | left))
+            again = {row[0] for row in conn.execute(
+                f"SELECT DISTINCT result FROM verifications WHERE author IN ({marks}) UNION "
+                f"SELECT claims.id FROM claims, json_each(claims.seats) WHERE json_each.value IN "
+                f"({marks})", (*(came | left), *(came | left)))}  # fmt: skip
+            claims = self._kept(sql, again)
+            if left:  # where a peer back in the set now sits: every claim's committee drawn
+                rules = functools.cache(self.rules)
+                claims += [c for c in self.rows(sql) if c["id"] not in again and left & (
+                    committees.panel(c, rules(c["profile"]), now) or set())]  # fmt: skip
+            self._judge(conn, claims, now)
 
-            def seated(claim: Mapping[str, Any], peers: frozenset[str], side: frozenset[str]):
-                return peers and peers & (committees.panel(claim, rules(claim["profile"]), side)
-                                          or set())  # fmt: skip
-
-            self._judge(conn, [c for c in self.rows(sql) if c["id"] in looked
-                               or seated(c, came, out) or seated(c, left, now)], now)  # fmt: skip
+    def _kept(self, sql: str, ids: Iterable[str] | None) -> list[dict[str, Any]]:
+        """The rows of `sql` (kept results), those of `ids` alone unless None."""
+        if ids is None:
+            return self.rows(sql)
+        ids = list(ids)
+        return [
+            row
+            for at in range(0, len(ids), 500)
+            for row in self.rows(
+                f"{sql} AND id IN ({', '.join('?' * len(ids[at : at + 500]))})",
+                tuple(ids[at : at + 500]),
+            )
+        ]
 
     def contradicted(self) -> frozenset[str]:
         """The peers a replay contradicted on some claim (`consensus.contradicted`): their looks
@@ -407,11 +420,12 @@ class Ledger(LedgerQueries):
             j = consensus.judge_claim(claim, looks, self.rules(claim["profile"]), out)
             conn.execute(
                 "INSERT OR REPLACE INTO claims VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (claim["id"], claim["profile"], claim["harness"], claim["parent"], claim["child"],
                  claim["author"], j.state, j.gain, j.se, j.seeds, j.sigma, json.dumps(j.peers),
                  json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason,
-                 json.dumps(j.contradicted) if j.contradicted else None),
+                 json.dumps(j.contradicted) if j.contradicted else None,
+                 None if j.seats is None else json.dumps(j.seats)),
             )  # fmt: skip
 
     def _organiser(self, conn: sqlite3.Connection) -> str | None:

@@ -115,6 +115,14 @@ def _schema_5(db: sqlite_utils.Database) -> None:
     )
 
 
+def _schema_6(db: sqlite_utils.Database) -> None:
+    """Release 6: a claim keeps the seats of the committee that judged it (JSON list; NULL in an
+    open campaign), so that when a peer is contradicted, the claims whose committee it sat on
+    are found without drawing every claim's committee again. `Ledger` judges every claim once
+    when it brings a ledger to this release, which fills them."""
+    db["claims"].add_column("seats", str)
+
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_1,
@@ -122,4 +130,5 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_3,
     _schema_4,
     _schema_5,
+    _schema_6,
 ]

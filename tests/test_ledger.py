@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -198,6 +199,24 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
         assert _count(v3, "results") == 2
     Ledger(tmp_path / "l.db").close()
     assert calls == ["next"]
+
+
+def test_a_ledger_of_release_five_gets_each_claims_seats_when_opened(tmp_path, alice):
+    """Release 6 keeps the committee that judged each claim (found again when one of its seats
+    is contradicted): a ledger of release 5 has its claims judged once as it is opened, which
+    fills them, so that no claim judged before is left without its seats."""
+    people = [Identity(bytes(range(k, k + 32))) for k in range(1, 7)]
+    members = sorted({p.peer_id for p in people} | {alice.peer_id})
+    r1 = make_result(alice, 1, BASELINE, V1, 1.40)
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:  # as release 5 left it:
+        set_terms(book, members=members)
+        book.ingest(r1.raw)
+        book.conn.execute("ALTER TABLE claims DROP COLUMN seats")  # no seats column
+        book.conn.execute("PRAGMA user_version = 5")
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as v6:
+        (row,) = v6.rows("SELECT seats FROM claims WHERE id = ?", (r1.id,))
+        drawn = committees.panel({**r1.body, "author": alice.peer_id}, v6.rules("cpu"))
+        assert row["seats"] is not None and set(json.loads(row["seats"])) == drawn
 
 
 # ---------------------------------------------------------------- leaderboard and lineage
