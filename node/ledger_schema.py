@@ -119,8 +119,10 @@ def _schema_6(db: sqlite_utils.Database) -> None:
     """Release 6: a claim keeps the seats of the committee that judged it (JSON list; NULL in an
     open campaign), so that when a peer is contradicted, the claims whose committee it sat on
     are found without drawing every claim's committee again. `Ledger` judges every claim once
-    when it brings a ledger to this release, which fills them."""
+    when it brings a ledger to this release, which fills them. Looks are found by their author
+    too (a node's own looks, a contradicted peer's) without reading them all."""
     db["claims"].add_column("seats", str)
+    db["verifications"].create_index(["author", "result"])
 
 
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.

@@ -212,6 +212,7 @@ def test_a_ledger_of_release_five_gets_each_claims_seats_when_opened(tmp_path, a
         set_terms(book, members=members)
         book.ingest(r1.raw)
         book.conn.execute("ALTER TABLE claims DROP COLUMN seats")  # no seats column
+        book.conn.execute("DROP INDEX idx_verifications_author_result")
         book.conn.execute("PRAGMA user_version = 5")
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as v6:
         (row,) = v6.rows("SELECT seats FROM claims WHERE id = ?", (r1.id,))
