@@ -13,6 +13,7 @@ import pytest
 from conftest import (
     BASELINE,
     CAMPAIGN,
+    HARNESS,
     T0,
     confirming_looks,
     make_result,
@@ -21,9 +22,9 @@ from conftest import (
 )
 from typer.testing import CliRunner
 
-from node import wire
+from node import committees, consensus, wire
 from node.cli import app
-from node.identity import load_identity
+from node.identity import Identity, load_identity
 from node.ledger import Ledger, ledger_path
 
 V1, V2 = "11" * 32, "22" * 32
@@ -197,6 +198,48 @@ def test_show_decodes_a_fact_and_checks_its_signature(home, alice):
     assert "valid" in text and alice.peer_id in text and "wider MLP" in text
 
 
+def test_claim_shows_its_judgement_its_committee_and_why_each_look_counts_or_not(
+    tmp_path, alice, bob
+):
+    """In a campaign with members, the looks at a claim by its committee count; a member's off
+    the committee, its author's own, one with no score and one under another harness do not, and
+    the claim says why of each; a result not kept claims nothing, and says where to look."""
+    people = [Identity(bytes(range(k, k + 32))) for k in range(3, 10)]
+    members = sorted({p.peer_id for p in people} | {alice.peer_id, bob.peer_id})
+    win = make_result(alice, 1, BASELINE, V1, 1.40, description="wider MLP")
+    lost = make_result(alice, 2, BASELINE, V2, 1.60, outcome="discard")
+    with Ledger(ledger_path(tmp_path), campaign=CAMPAIGN) as book:
+        set_terms(book, members=members)
+        book.ingest_many([win.raw, lost.raw])
+        seats = committees.panel({**win.body, "author": alice.peer_id}, book.rules("cpu"))
+        by_id = {p.peer_id: p for p in [*people, bob]}
+        seated = by_id[min(seats)]
+        off = next(p for p in people if p.peer_id not in seats)
+        book.ingest_many([f.raw for f in (
+            *confirming_looks(seated, 1, win),
+            make_verification(off, 1, win, seed=40),
+            make_verification(alice, 3, win, seed=41),
+            wire.sign(seated, "verification", CAMPAIGN, 9, wire.verification_body(
+                result=win.id, child_val_bpb=None, parent_val_bpb=1.5, seed=42, profile="cpu",
+                harness=HARNESS, verdict="crash"), T0 + 600_000),
+            make_verification(seated, 10, win, harness="cd" * 32, seed=43),
+        )])  # fmt: skip
+    shown = json.loads(swarm("ledger", "claim", win.id[:10], "--home", str(tmp_path), "--json"))
+    assert shown["result"]["id"] == win.id and shown["state"] == "verified"
+    assert sorted(shown["seats"]) == sorted(seats) and shown["counted"] == [seated.peer_id]
+    notes = {(v["author"], v["seed"]): (v["counts"], v["note"]) for v in shown["looks"]}
+    assert notes[(seated.peer_id, 7)] == (True, "")
+    assert notes[(off.peer_id, 40)] == (False, "not on its committee")
+    assert notes[(alice.peer_id, 41)] == (False, "its author's own look")
+    assert notes[(seated.peer_id, 42)] == (False, "no score (crash)")
+    assert notes[(seated.peer_id, 43)] == (False, "run under another harness")
+    assert shown["gain"] == pytest.approx(0.05) and shown["seeds"] == consensus.HOLD_LOOKS
+    table = swarm("ledger", "claim", win.id[:10], "--home", str(tmp_path))
+    assert "verified" in table and "not on its committee" in table and "+0.0500" in table
+    refused = runner.invoke(app, ["ledger", "claim", lost.id[:10], "--home", str(tmp_path)])
+    assert refused.exit_code != 0 and "was not kept (discard)" in str(refused.exception)
+
+
 def test_export_writes_csv_and_json(home, tmp_path):
     rows = list(
         csv.DictReader(
@@ -223,6 +266,7 @@ def test_user_mistakes_are_one_line_errors_not_tracebacks(home, tmp_path):
         (["ledger", "show", "zz", "--home", str(home)], "not a sha256"),
         (["ledger", "show", "abcdef", "--home", str(home)], "nothing in"),
         (["ledger", "lineage", "99" * 32, "--home", str(home)], "nothing in"),
+        (["ledger", "claim", "abcdef", "--home", str(home)], "nothing in"),
         (["keys", "new", "--home", str(home / "k")], None),
         (["keys", "new", "--home", str(home / "k")], "--force"),
         (["keys", "show", "--home", str(home / "ledger.db")], "is not a directory"),  # a file

@@ -396,6 +396,53 @@ def show(
     console.print(table)
 
 
+@ledger_app.command("claim")
+def claim(
+    result_id: Annotated[str, typer.Argument(help="A kept result's fact id, or a prefix of it.")],
+    home: HomeOption = None,
+    db: DbOption = None,
+    quorum: QuorumOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One claim as the rule judges it: its state, the gain its peers' looks pool to, who sat on
+    its committee, and every look at it, with whether it counts and, if not, why.
+
+    Example: swarm ledger claim 9db9f414
+    """
+    with _open(home, db) as ledger:
+        info = ledger.claim(result_id, _quorum(ledger, quorum))
+    if as_json:
+        _print_json(info)
+        return
+    r = info["result"]
+    gain = (
+        "-" if info["gain"] is None
+        else f"{info['gain']:+.4f} ± {info['gain_se']:.4f} bpb over {info['seeds']} seeds"
+    )  # fmt: skip
+    seats = info["seats"]
+    table = Table(title=f"claim {r['id']}", show_header=False)
+    for name, value in (
+        ("author", r["author"]), ("profile", r["profile"]),
+        ("change", f"{_short(r['parent'])} -> {_short(r['child'])}"),
+        ("description", safe_text(r["description"])), ("claimed val_bpb", _bpb(r["val_bpb"])),
+        ("state", str(info["state"])), ("pooled gain", gain), ("why", safe_text(info["why"])),
+        ("committee", "none: an open campaign, any peer's look counts" if seats is None
+         else ", ".join(_peer(p) for p in seats)),
+    ):  # fmt: skip
+        table.add_row(name, value)
+    console.print(table)
+    looks = Table(title=f"looks at it ({len(info['looks'])}, oldest first)")
+    for name in ("time", "peer", "seed", "child - parent", "verdict", "counts", "note"):
+        looks.add_column(name, overflow="fold" if name == "note" else "ellipsis")
+    for v in info["looks"]:
+        delta = "-" if v["delta"] is None else f"{v['delta']:+.4f}"
+        looks.add_row(
+            _when(v["time"]), _peer(v["author"]), str(v["seed"]), delta, v["verdict"],
+            "yes" if v["counts"] else "no", v["note"],
+        )  # fmt: skip
+    console.print(looks)
+
+
 class ExportFormat(str, Enum):
     csv = "csv"
     json = "json"
