@@ -58,36 +58,6 @@ def _judgement(row: Mapping[str, Any]) -> Judgement:
     )  # fmt: skip
 
 
-def _why_not(
-    claim: Mapping[str, Any], look: Mapping[str, Any], j: Judgement | None, silenced: set[str]
-) -> str:
-    """'' when a look at `claim` counts in its judgement `j`; else why not, as far as the look
-    and `j` say (`silenced`: the peers a replay contradicted on any claim)."""
-    peer = look["author"]
-    for fails, why in (
-        (peer == claim["author"], "its author's own look"),
-        (look["harness"] != claim["harness"], "run under another harness"),
-        (look["delta"] is None, f"no score ({look['verdict']})"),
-        (j is None, "the claim is not judged"),
-    ):
-        if fails:
-            return why
-    assert j is not None
-    if peer in j.peers:
-        return ""
-    for fails, why in (
-        (peer in j.contradicted, "contradicted by a replay of its seed"),
-        (peer in silenced, "its peer was contradicted by a replay on another claim"),
-        (j.seats is not None and peer not in j.seats, "not on its committee"),
-        (peer in j.outliers, "an outlier: far outside the other looks"),
-        (peer in j.contested, "contested by a replay, with no majority"),
-        (j.disputed, "disputed: no majority of its peers agree"),
-    ):
-        if fails:
-            return why
-    return "not counted"
-
-
 def _entry(score: consensus.Score, r: Mapping[str, Any], j: Judgement) -> dict:
     return {"child": score.version, "parent": r["parent"], "result": r["id"],
             "score": score.score, "se": score.se, "gain": j.gain, "gain_se": j.se,
@@ -278,45 +248,6 @@ class LedgerQueries:
                      why=j.reason if j else None)  # fmt: skip
             r["held"] = j.reason if j is not None and j.state == consensus.HELD else None
         return rows
-
-    def claim(self, result_id: str, quorum: int | None = None) -> dict:
-        """One claim (a kept result: id or unique prefix) as the rule judges it under the
-        campaign's quorum (or `quorum`): the result, its judgement (`state`, pooled `gain` and
-        `gain_se` over `seeds`, `why`, the `counted` peers, its committee's `seats`, null in an
-        open campaign) and every look at it, oldest first, each saying whether it counts and, if
-        not, what the judgement says of its peer (`note`)."""
-        result_id = self._expand(result_id, "SELECT id FROM results WHERE id BETWEEN ? AND ?")
-        (row,) = self.rows("SELECT * FROM results WHERE id = ?", (result_id,))
-        if row["outcome"] != "keep":
-            raise LedgerError(
-                f"result {result_id[:12]} was not kept ({row['outcome']}), so it claims nothing: "
-                f"see it with 'swarm ledger show {result_id[:12]}'"
-            )
-        j = self.standings(row["profile"], quorum, every=True)[1].get(result_id)
-        silenced = {
-            peer
-            for (text,) in self.conn.execute(
-                "SELECT contradicted FROM claims WHERE contradicted IS NOT NULL"
-            )
-            for peer in json.loads(text)
-        }
-        looks = self.rows(
-            "SELECT id, author, time, seed, delta, verdict, harness, profile FROM verifications "
-            "WHERE result = ? ORDER BY time, id",
-            (result_id,),
-        )
-        for look in looks:
-            look["note"] = _why_not(row, look, j, silenced)
-            look["counts"] = not look["note"]
-        judged = {
-            "state": j.state if j else None, "gain": j.gain if j else None,
-            "gain_se": j.se if j else None, "seeds": j.seeds if j else 0,
-            "why": j.reason if j else "not judged: its harness or profile is not the rule's",
-            "counted": list(j.peers) if j else [], "seats": None if j is None or j.seats is None
-            else list(j.seats), "outliers": list(j.outliers) if j else [],
-            "contradicted": list(j.contradicted) if j else [],
-        }  # fmt: skip
-        return {"result": row, **judged, "looks": looks}
 
     def profiles(self) -> list[str]:
         """The profiles this ledger holds kept claims of."""

@@ -20,6 +20,7 @@ import typer
 from rich.table import Table
 
 from node import identity as ident
+from node.claim_view import claim_view
 from node.cli import app
 from node.cli.shared import HomeOption, JsonOption, console
 from node.errors import SwarmError
@@ -410,7 +411,7 @@ def claim(
     Example: swarm ledger claim 9db9f414
     """
     with _open(home, db) as ledger:
-        info = ledger.claim(result_id, _quorum(ledger, quorum))
+        info = claim_view(ledger, result_id, _quorum(ledger, quorum))
     if as_json:
         _print_json(info)
         return
