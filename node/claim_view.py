@@ -19,7 +19,10 @@ def claim_view(ledger: Ledger, result_id: str, quorum: int | None = None) -> dic
     fact_id = ledger.fact(result_id)["id"]
     rows = ledger.rows("SELECT * FROM results WHERE id = ?", (fact_id,))
     if not rows:
-        raise LedgerError(f"fact {fact_id[:12]} is no result: see it with 'swarm ledger show'")
+        raise LedgerError(
+            f"fact {fact_id[:12]} is no result, so it claims nothing: "
+            f"see it with 'swarm ledger show {fact_id[:12]}'"
+        )
     row = rows[0]
     if row["outcome"] != "keep":
         raise LedgerError(

@@ -203,7 +203,8 @@ def test_claim_shows_its_judgement_its_committee_and_why_each_look_counts_or_not
 ):
     """In a campaign with members, the looks at a claim by its committee count; a member's off
     the committee, its author's own, one with no score and one under another harness do not, and
-    the claim says why of each; a result not kept claims nothing, and says where to look."""
+    the claim says why of each; a result not kept claims nothing, nor does a look, and the
+    error says where to look."""
     people = [Identity(bytes(range(k, k + 32))) for k in range(3, 10)]
     members = sorted({p.peer_id for p in people} | {alice.peer_id, bob.peer_id})
     win = make_result(alice, 1, BASELINE, V1, 1.40, description="wider MLP")
@@ -215,9 +216,10 @@ def test_claim_shows_its_judgement_its_committee_and_why_each_look_counts_or_not
         by_id = {p.peer_id: p for p in [*people, bob]}
         seated = by_id[min(seats)]
         off = next(p for p in people if p.peer_id not in seats)
+        elsewhere = make_verification(off, 1, win, seed=40)
         book.ingest_many([f.raw for f in (
             *confirming_looks(seated, 1, win),
-            make_verification(off, 1, win, seed=40),
+            elsewhere,
             make_verification(alice, 3, win, seed=41),
             wire.sign(seated, "verification", CAMPAIGN, 9, wire.verification_body(
                 result=win.id, child_val_bpb=None, parent_val_bpb=1.5, seed=42, profile="cpu",
@@ -238,6 +240,8 @@ def test_claim_shows_its_judgement_its_committee_and_why_each_look_counts_or_not
     assert "verified" in table and "not on its committee" in table and "+0.0500" in table
     refused = runner.invoke(app, ["ledger", "claim", lost.id[:10], "--home", str(tmp_path)])
     assert refused.exit_code != 0 and "was not kept (discard)" in str(refused.exception)
+    refused = runner.invoke(app, ["ledger", "claim", elsewhere.id[:10], "--home", str(tmp_path)])
+    assert refused.exit_code != 0 and "is no result" in str(refused.exception)
 
 
 def test_export_writes_csv_and_json(home, tmp_path):
