@@ -140,7 +140,8 @@ def judge_claim(
     change of no gain is refuted only after some 30 seeds, so verifiers stop before). What
     depends on other claims (the hold) is `settle`'s: a ledger can keep this per claim and
     update it at every look."""
-    members, panel = rules.members_for(claim), committees.panel(claim, rules, silenced)
+    members, drawn = rules.members_for(claim), committees.seats_and_reserve(claim, rules, silenced)
+    panel = None if drawn is None else frozenset(drawn[0])
     reports = [
         v for v in looks
         if v["author"] != claim["author"]
@@ -159,7 +160,7 @@ def judge_claim(
     )
     if j.state == "open" and j.seeds >= rules.look_budget and not j.disputed:
         j = dataclasses.replace(j, state=UNPROVEN, reason=f"unproven: {j.reason}")
-    return j if panel is None else dataclasses.replace(j, seats=tuple(sorted(panel)))
+    return j if drawn is None else dataclasses.replace(j, seats=drawn[0], reserve=drawn[1])
 
 
 def _side(state: str) -> int:

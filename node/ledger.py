@@ -7,7 +7,6 @@ writes. It never trusts a stored row it could re-check: `fact()` re-verifies the
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import sqlite3
@@ -19,9 +18,10 @@ from typing import Any
 
 import sqlite_utils
 
-from node import committees, consensus, wire
+from node import wire
 from node.identity import Identity, peer_id_from_public_key
-from node.ledger_queries import LOOK_COLUMNS, RESULT_COLUMNS, LedgerError, LedgerQueries
+from node.ledger_judged import JudgedClaims
+from node.ledger_queries import LedgerError
 from node.ledger_schema import MIGRATIONS
 
 LEDGER_FILE = "ledger.db"  # inside the node's home
@@ -67,7 +67,7 @@ def _connect_readonly(path: Path) -> sqlite3.Connection:
 # ---------------------------------------------------------------- the ledger
 
 
-class Ledger(LedgerQueries):
+class Ledger(JudgedClaims):
     """One node's ledger. `campaign` (if set) is the only campaign whose facts it accepts."""
 
     def __init__(
@@ -134,7 +134,7 @@ class Ledger(LedgerQueries):
                 step(self.db)
             self.conn.execute(f"PRAGMA user_version={max(version, len(MIGRATIONS))}")
             self.schema_version = max(version, len(MIGRATIONS))
-            if 0 < version < 6:  # the claims of an older release, judged once: seats kept
+            if 0 < version < 7:  # the claims of an older release, judged once: seats kept
                 self._judge_claims(self.conn)
 
     @contextmanager
@@ -359,74 +359,6 @@ class Ledger(LedgerQueries):
                  self.clock()),
             )  # fmt: skip
             self._judge_claims(conn)  # the rules changed: every claim is judged again
-
-    def _judge_claims(self, conn: sqlite3.Connection, ids: Iterable[str] | None = None) -> None:
-        """Judge the kept claims `ids` (None: all) again from their looks, under the terms, and
-        keep each judgement in `claims`: one claim's looks only, so a look costs its claim alone.
-        A peer that a replay of its seed contradicts on any claim is out of every claim
-        (`consensus.contradicted`), nor holds a seat on a committee (`committees.panel`): when
-        one comes into that set, or leaves it, the claims it looked at and those whose committee
-        it sat on (kept with each claim), or now sits on, are judged again."""
-        out = self._contradicted(conn)
-        sql = f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'"
-        self._judge(conn, self._kept(sql, ids), out)
-        now = self._contradicted(conn)
-        if now != out:  # a peer came into the set, or left it: the claims it looked at change,
-            came, left = now - out, out - now  # and those whose committee it sat on, or now sits on
-            marks = ", ".join("?" * len(came | left))
-            again = {row[0] for row in conn.execute(
-                f"SELECT DISTINCT result FROM verifications WHERE author IN ({marks}) UNION "
-                f"SELECT claims.id FROM claims, json_each(claims.seats) WHERE json_each.value IN "
-                f"({marks})", (*(came | left), *(came | left)))}  # fmt: skip
-            claims = self._kept(sql, again)
-            if left:  # where a peer back in the set now sits: every claim's committee drawn
-                rules = functools.cache(self.rules)
-                claims += [c for c in self.rows(sql) if c["id"] not in again and left & (
-                    committees.panel(c, rules(c["profile"]), now) or set())]  # fmt: skip
-            self._judge(conn, claims, now)
-
-    def _kept(self, sql: str, ids: Iterable[str] | None) -> list[dict[str, Any]]:
-        """The rows of `sql` (kept results), those of `ids` alone unless None."""
-        if ids is None:
-            return self.rows(sql)
-        ids = list(ids)
-        return [
-            row
-            for at in range(0, len(ids), 500)
-            for row in self.rows(
-                f"{sql} AND id IN ({', '.join('?' * len(ids[at : at + 500]))})",
-                tuple(ids[at : at + 500]),
-            )
-        ]
-
-    def contradicted(self) -> frozenset[str]:
-        """The peers a replay contradicted on some claim (`consensus.contradicted`): their looks
-        count on no claim, and their seats on committees go to the next in rank."""
-        return self._contradicted(self.conn)
-
-    def _contradicted(self, conn: sqlite3.Connection) -> frozenset[str]:
-        rows = conn.execute(
-            "SELECT contradicted FROM claims WHERE contradicted IS NOT NULL"
-        ).fetchall()
-        return frozenset(peer for (text,) in rows for peer in json.loads(text))
-
-    def _judge(
-        self, conn: sqlite3.Connection, claims: Iterable[Mapping[str, Any]], out: frozenset[str]
-    ) -> None:
-        for claim in claims:
-            looks = self.rows(
-                f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
-            )
-            j = consensus.judge_claim(claim, looks, self.rules(claim["profile"]), out)
-            conn.execute(
-                "INSERT OR REPLACE INTO claims VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (claim["id"], claim["profile"], claim["harness"], claim["parent"], claim["child"],
-                 claim["author"], j.state, j.gain, j.se, j.seeds, j.sigma, json.dumps(j.peers),
-                 json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason,
-                 json.dumps(j.contradicted) if j.contradicted else None,
-                 None if j.seats is None else json.dumps(j.seats)),
-            )  # fmt: skip
 
     def _organiser(self, conn: sqlite3.Connection) -> str | None:
         if self.campaign is None:

@@ -125,6 +125,19 @@ def _schema_6(db: sqlite_utils.Database) -> None:
     db["verifications"].create_index(["author", "result"])
 
 
+def _schema_7(db: sqlite_utils.Database) -> None:
+    """Release 7: a claim keeps the next members in rank after its committee's seats, its
+    reserve (JSON list, in rank order), so that a contradicted member's heir is found without
+    drawing the committee again; and who sits on which claim's committee is found by the
+    member (`seats`) without reading every claim's. `Ledger` judges every claim once when it
+    brings a ledger to this release, which fills both."""
+    db["claims"].add_column("reserve", str)
+    db.execute(
+        "CREATE TABLE seats (member TEXT, claim TEXT, PRIMARY KEY (member, claim)) WITHOUT ROWID"
+    )
+    db.execute("CREATE INDEX seats_claim ON seats (claim)")
+
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_1,
@@ -133,4 +146,5 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_4,
     _schema_5,
     _schema_6,
+    _schema_7,
 ]

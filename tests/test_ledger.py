@@ -201,23 +201,32 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
     assert calls == ["next"]
 
 
-def test_a_ledger_of_release_five_gets_each_claims_seats_when_opened(tmp_path, alice):
-    """Release 6 keeps the committee that judged each claim (found again when one of its seats
-    is contradicted): a ledger of release 5 has its claims judged once as it is opened, which
-    fills them, so that no claim judged before is left without its seats."""
+@pytest.mark.parametrize("release", [5, 6])
+def test_a_ledger_of_an_older_release_gets_each_claims_seats_when_opened(tmp_path, alice, release):
+    """Release 6 keeps the committee that judged each claim, release 7 the members next in rank
+    and who sits where (found again when one of its seats is contradicted): a ledger of an older
+    release has its claims judged once as it is opened, which fills them, so that no claim
+    judged before is left without them."""
     people = [Identity(bytes(range(k, k + 32))) for k in range(1, 7)]
     members = sorted({p.peer_id for p in people} | {alice.peer_id})
     r1 = make_result(alice, 1, BASELINE, V1, 1.40)
-    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:  # as release 5 left it:
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:  # as that release left it:
         set_terms(book, members=members)
         book.ingest(r1.raw)
-        book.conn.execute("ALTER TABLE claims DROP COLUMN seats")  # no seats column
-        book.conn.execute("DROP INDEX idx_verifications_author_result")
-        book.conn.execute("PRAGMA user_version = 5")
-    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as v6:
-        (row,) = v6.rows("SELECT seats FROM claims WHERE id = ?", (r1.id,))
-        drawn = committees.panel({**r1.body, "author": alice.peer_id}, v6.rules("cpu"))
-        assert row["seats"] is not None and set(json.loads(row["seats"])) == drawn
+        book.conn.execute("ALTER TABLE claims DROP COLUMN reserve")
+        book.conn.execute("DROP TABLE seats")
+        if release == 5:
+            book.conn.execute("ALTER TABLE claims DROP COLUMN seats")
+            book.conn.execute("DROP INDEX idx_verifications_author_result")
+        book.conn.execute(f"PRAGMA user_version = {release}")
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as now:
+        (row,) = now.rows("SELECT seats, reserve FROM claims WHERE id = ?", (r1.id,))
+        claim = {**r1.body, "author": alice.peer_id}
+        drawn = committees.seats_and_reserve(claim, now.rules("cpu"))
+        assert json.loads(row["seats"]) == list(drawn[0]) and len(drawn[0]) == 3
+        assert json.loads(row["reserve"]) == list(drawn[1]) and len(drawn[1]) == 3
+        seated = now.rows("SELECT member FROM seats WHERE claim = ? ORDER BY member", (r1.id,))
+        assert [r["member"] for r in seated] == list(drawn[0])
 
 
 # ---------------------------------------------------------------- leaderboard and lineage
@@ -334,13 +343,65 @@ def test_a_contradicted_members_seat_goes_to_the_next_in_rank_whatever_the_order
 
 
 def _same_as_the_pure_rule(book) -> None:
-    """The ledger's kept judgements are those of `consensus.judge_claims` over its rows."""
+    """The ledger's kept judgements are those of `consensus.judge_claims` over its rows, with the
+    same committees, and the ledger finds each committee's members by their seats."""
     _, kept, _ = book.standings("cpu", every=True)
     results, looks = book.claim_rows("cpu")
     pure = consensus.judge_claims(results, looks, book.rules("cpu"))
-    assert {rid: (j.state, j.seeds) for rid, j in pure.items()} == {
-        rid: (j.state, j.seeds) for rid, j in kept.items()
+    assert {rid: (j.state, j.seeds, j.peers, j.seats) for rid, j in pure.items()} == {
+        rid: (j.state, j.seeds, j.peers, j.seats) for rid, j in kept.items()
     }
+    seated = {(row["member"], row["claim"]) for row in book.rows("SELECT * FROM seats")}
+    assert seated == {(m, rid) for rid, j in kept.items() for m in j.seats or ()}
+    # What each claim keeps of the members next in rank, those still out left out, is the head
+    # of the rule's own ranking: the heirs of the seats a contradiction empties.
+    out, rules = book.contradicted(), book.rules("cpu")
+    for claim in results:
+        (row,) = book.rows("SELECT reserve FROM claims WHERE id = ?", (claim["id"],))
+        reserve = [p for p in json.loads(row["reserve"]) if p not in out]
+        drawn = committees.seats_and_reserve(claim, rules, out)
+        assert reserve == list(drawn[1][: len(reserve)]) if drawn else reserve == []
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_committees_stay_the_pure_rules_as_members_are_contradicted_and_backed(tmp_path, seed):
+    """Ten members, claims on several versions, honest looks, and members whose made-up looks
+    replays contradict, some of them later backed by more replays (so the replayers are out and
+    they are back), all arriving in a random order: after every fact the ledger's judgements,
+    committees and seats are the pure rule's (`_same_as_the_pure_rule`)."""
+    rng = random.Random(seed)
+    people = [Identity(bytes(range(k, k + 32))) for k in range(1, 11)]
+    seq = {p.peer_id: 0 for p in people}
+
+    def signed(make, who, *args, **kw):
+        seq[who.peer_id] += 1
+        return make(who, seq[who.peer_id], *args, **kw)
+
+    claims = [signed(make_result, rng.choice(people), parent, f"{n + 1:064x}", 1.40)
+              for n, parent in enumerate([BASELINE, BASELINE, V1, V1, V2, V3])]  # fmt: skip
+    facts = list(claims)
+    for claim in claims:
+        for who in rng.sample(people, 4):
+            facts.append(signed(make_verification, who, claim, delta=rng.choice((-0.05, -0.01)),
+                                seed=rng.randrange(1000)))  # fmt: skip
+    for episode in range(6):
+        claim, seed_of = rng.choice(claims), 5000 + episode
+        liar, *others = rng.sample([p for p in people if p.peer_id != claim.peer_id], 6)
+        facts.append(signed(make_verification, liar, claim, delta=-0.05, seed=seed_of))
+        facts += [signed(make_verification, p, claim, "refute", delta=0.01, seed=seed_of)
+                  for p in others[:2]]  # fmt: skip
+        if rng.random() < 0.7:  # replays that back the liar: the two before are out instead
+            facts += [signed(make_verification, p, claim, delta=-0.05, seed=seed_of)
+                      for p in others[2:]]  # fmt: skip
+    rng.shuffle(facts)
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:
+        set_terms(book, members=sorted(p.peer_id for p in people))
+        for fact in facts:
+            book.ingest(fact.raw)
+            _same_as_the_pure_rule(book)
+        set_terms(book)  # an open campaign now: no committees, nobody seated
+        _same_as_the_pure_rule(book)
+        assert _count(book, "seats") == 0
 
 
 def test_a_quorum_counts_distinct_peers(book, alice, bob, carol):
