@@ -103,9 +103,12 @@ def _attacker(lines: list[str]) -> str:
 def test_streams_over_the_per_connection_cap_are_refused_and_counted(nodes, tmp_path) -> None:
     a = nodes("a")
     lines = attack(tmp_path, "streams", a.addr, "--streams", "96", "--kind", "open")
-    opened = int(lines[-1].split()[1])
-    assert opened <= 32, lines  # Limits.max_conn_streams
     counts = a.status()["counts"]
+    # At most Limits.max_conn_streams open at once, as the node held them (GossipSub's own cap
+    # of 2 a peer refuses these first). Not the attacker's count of streams opened: a stream's
+    # protocol is agreed before the node refuses it, and on a busy machine the refusal can
+    # come after the attacker counted the stream (53 of 96 once).
+    assert 1 <= counts["streams_open_most"] <= 32, counts
     # Each refused stream costs a point: 20 get it banned, and then disconnected.
     assert counts["streams_refused"] >= 20, counts
     wait_until(lambda: _attacker(lines) in a.status()["banned"], "the stream hog to be banned")

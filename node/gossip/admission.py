@@ -40,6 +40,8 @@ def capped_streams(node: GossipNode, handler: Any) -> Any:
             await frames.reset(stream)
             return
         open_streams[key] = open_streams.get(key, 0) + 1
+        most = node.counts["streams_open_most"]
+        node.counts["streams_open_most"] = max(most, open_streams[key])
         try:
             await handler(stream)
         finally:

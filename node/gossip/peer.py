@@ -106,7 +106,8 @@ class GossipNode:
                                      "rate_limited", "junk", "dropped", "restarts", "dials_failed",
                                      "streams_refused", "window_exceeded", "bad_fetches", "bad_answers",
                                      "handshakes_refused", "handshakes_cut",
-                                     "handshakes_timed_out", "connections_refused"), 0)  # fmt: skip
+                                     "handshakes_timed_out", "connections_refused",
+                                     "streams_open_most"), 0)  # fmt: skip
         self.standing: Mapping[str, PeerStanding] = {}  # as the node last judged its peers
         self.silenced: set[str] = set()  # peers that lost standing
         self.banned: set[str] = set()  # of those, banned for refused messages: facts dropped
