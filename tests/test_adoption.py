@@ -145,6 +145,30 @@ def test_a_merge_every_node_queues_is_run_by_the_two_first_in_rank_then_by_the_n
     assert own.last_verified
 
 
+def test_a_change_a_peers_merge_waiting_here_brings_is_not_proposed_anew():
+    """A node whose turn for a shared merge (a peer's verified win) has not come does not
+    propose the same change itself: it would pay for it twice, and be credited with the peer's
+    find. Other changes it proposes as before."""
+
+    class Listed:  # proposes its sources in order, those tried on the parent left out
+        def __init__(self, *sources: str) -> None:
+            self.sources = sources
+
+        def propose(self, context: Context) -> Proposal:
+            return next(Proposal("listed", s) for s in self.sources
+                        if change_hash(context.train_py, s) not in context.tried_hashes)  # fmt: skip
+
+    peers = [Identity(bytes([i]) * 32).peer_id for i in range(6)]
+    key = change_hash(NARROW, BOTH)
+    last = min(peers, key=lambda p: offline.share_rank(p, key))  # its turn comes last
+    queue = QueuedProposer(Listed(BOTH, WIDE))
+    queue.add_for(NARROW, merge_proposals_stub(), shared=True)
+    context = Context(NARROW, me=last, active=frozenset(peers))
+    assert queue.propose(context).source == WIDE and not queue.last_queued
+    alone = QueuedProposer(Listed(BOTH, WIDE))  # nothing queued: the change is its own to try
+    assert alone.propose(context).source == BOTH
+
+
 def test_a_bundle_that_went_through_takes_its_parts_out_of_every_queue_and_a_failed_one_not():
     """The shared merges after a bundle wait while it is untried; once a peer kept it, the merges
     it holds are dropped (it holds them); once it failed, they are tried."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from node import consensus
@@ -377,7 +377,12 @@ class QueuedProposer:
             self.last_verified = queued.verified
             return proposal
         self.last_queued = self.last_verified = False
-        return self.inner.propose(context)
+        # A change that a shared merge waiting here brings (a peer's verified win, not yet this
+        # node's turn) is that merge's: proposed anew it would be paid for twice, and credited
+        # to whichever node ran it first instead of the peer that found it.
+        merging = {change_hash(context.train_py, q.proposal.source) for q in self.queue
+                   if q.shared and q.parent == context.parent}  # fmt: skip
+        return self.inner.propose(replace(context, tried=context.tried | merging))
 
 
 def _my_turn(key: str, peers: list[str], me: str | None, passed: int) -> bool:
