@@ -106,6 +106,18 @@ def test_independent_changes_merge_into_both():
     assert merge(BASELINE, NARROW, FOUR_STEPS) == BOTH
 
 
+def test_changes_of_neighbouring_lines_merge_and_of_one_line_conflict():
+    """Two constants on adjacent lines, each changed on one side: both changes, though no
+    unchanged line parts them (merge3 alone calls that a conflict). A side that changes both
+    lines, one of them as the other side does, merges too; one that changes a line otherwise,
+    or adds a line inside the region, does not."""
+    base = "A = 1\nB = 2\nC = 3\n"
+    assert merge(base, "A = 1\nB = 5\nC = 3\n", "A = 1\nB = 2\nC = 7\n") == "A = 1\nB = 5\nC = 7\n"
+    assert merge(base, "A = 9\nB = 5\nC = 3\n", "A = 1\nB = 5\nC = 7\n") == "A = 9\nB = 5\nC = 7\n"
+    assert merge(base, "A = 1\nB = 5\nC = 3\n", "A = 1\nB = 6\nC = 7\n") is None
+    assert merge(base, "A = 1\nB = 5\nC = 3\n", "A = 1\nB = 2\nX = 0\nC = 7\n") is None
+
+
 def test_changes_of_the_same_line_conflict():
     wide = BASELINE.replace("MLP_RATIO = 4 ", "MLP_RATIO = 5 ")
     assert merge(BASELINE, NARROW, wide) is None

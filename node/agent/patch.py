@@ -203,10 +203,20 @@ def change_hash(parent: str, child: str) -> str:
 
 
 def merge(base: str, ours: str, theirs: str) -> str | None:
-    """Three-way merge of two changes of `base`; None when they touch the same lines differently."""
+    """Three-way merge of two changes of `base`; None when they touch the same lines differently.
+    Changes of neighbouring lines merge (two constants of adjacent lines: a region that merge3
+    calls a conflict because no unchanged line parts them), where each line of the region is
+    changed on one side at most and neither side adds or removes lines there."""
     merged: list[str] = []
     for group in merge3.Merge3(_split(base), _split(ours), _split(theirs)).merge_groups():
-        if group[0] == "conflict":
+        if group[0] != "conflict":
+            merged += group[1]
+            continue
+        _, was, mine, other = group
+        if not len(was) == len(mine) == len(other):
             return None
-        merged += group[1]
+        for line, a, b in zip(was, mine, other, strict=True):
+            if a != line and b != line and a != b:
+                return None
+            merged.append(b if a == line else a)
     return "".join(merged)
