@@ -77,8 +77,8 @@ def returned(
         return list(seats), list(reserve)
     draw, size = draw_of(claim), rules.committee_size
     rank = lambda m: hashlib.sha256(f"{draw}:{m}".encode()).digest()  # noqa: E731
-    if len(seats) == size and reserve:  # the reserve is in rank order: its last is the last
-        last = rank(reserve[-1])
+    if len(seats) == size:  # what is listed is the ranking's head: behind its last, unknown
+        last = rank(reserve[-1]) if reserve else max(map(rank, seats))  # (reserve: rank order)
         back = [p for p in back if rank(p) < last]
         if not back:
             return list(seats), list(reserve)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node import consensus, evidence, merges
-from node.committees import committee, draw_of
+from node.committees import committee, draw_of, ranked, returned, seats_and_reserve
 from node.consensus import (
     HELD,
     HOLD_LOOKS,
@@ -176,6 +176,24 @@ def test_a_committee_is_drawn_by_hash_without_the_author_and_nobody_else_counts(
     assert state(results, looks("r1", outsider, [0.05] * 4), r) == "open"
     assert state(results, looks("r1", "stranger", [0.05] * 4), r) == "open"
     assert state(results, looks("r1", panel[0], [0.05] * 4), r) in ("verified", HELD)
+
+
+def test_a_member_back_takes_its_rank_only_within_what_a_claim_keeps_of_the_ranking():
+    """A claim keeps its seats and the members next in rank (`seats_and_reserve`); one that was
+    out and is back (`returned`) takes its place among them where it ranks before the last of
+    them, and stays unlisted where it ranks after: members it never saw may rank between."""
+    members = frozenset("abcdefghijkl")
+    claim = result("r1", "a", BASELINE, V1)
+    r = rules(1, members=members, committee=3)
+    order = ranked(draw_of(claim), "a", members, 11)
+    drawn = seats_and_reserve(claim, r, {order[1]})  # order[1] was out
+    assert drawn == (tuple(sorted([order[0], *order[2:4]])), order[4:7])
+    assert returned(claim, r, *drawn, {order[1]}) == (sorted(order[:3]), list(order[3:6]))
+    # The reserve used up (three seats moved to it): one back that ranks past the last seat
+    # stays out, since order[3] and order[4], never listed here, rank before it.
+    seats = sorted([order[0], order[1], order[2]])
+    assert returned(claim, r, seats, [], {order[5]}) == (seats, [])
+    assert returned(claim, r, sorted(order[1:4]), [], {order[0]}) == (sorted(order[:3]), [order[3]])
 
 
 def test_an_author_cannot_redraw_its_committee_by_making_claims_anew():
