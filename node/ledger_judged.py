@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from node import committees, consensus
@@ -86,12 +86,9 @@ class JudgedClaims(LedgerQueries):
     def _lookers(self, conn: sqlite3.Connection, ids: list[str]) -> dict[str, set[str]]:
         """{claim id: the peers that looked at it}, for the claims `ids`."""
         found: dict[str, set[str]] = {}
-        for at in range(0, len(ids), 500):
-            part = ids[at : at + 500]
-            for cid, who in conn.execute(
-                f"SELECT result, author FROM verifications WHERE result IN "
-                f"({', '.join('?' * len(part))})", part
-            ):  # fmt: skip
+        for marks, part in _in_parts(ids):
+            sql = f"SELECT result, author FROM verifications WHERE result IN ({marks})"
+            for cid, who in conn.execute(sql, part):
                 found.setdefault(cid, set()).add(who)
         return found
 
@@ -99,15 +96,8 @@ class JudgedClaims(LedgerQueries):
         """The rows of `sql` (kept results), those of `ids` alone unless None."""
         if ids is None:
             return self.rows(sql)
-        ids = list(ids)
-        return [
-            row
-            for at in range(0, len(ids), 500)
-            for row in self.rows(
-                f"{sql} AND id IN ({', '.join('?' * len(ids[at : at + 500]))})",
-                tuple(ids[at : at + 500]),
-            )
-        ]
+        return [row for marks, part in _in_parts(list(ids))
+                for row in self.rows(f"{sql} AND id IN ({marks})", part)]  # fmt: skip
 
     def contradicted(self) -> frozenset[str]:
         """The peers a replay contradicted on some claim (`consensus.contradicted`): their looks
@@ -156,3 +146,10 @@ class JudgedClaims(LedgerQueries):
         conn.executemany("INSERT INTO seats VALUES (?, ?)",
                          [(m, cid) for cid, was, now in changes
                           for m in set(now) - set(was or ())])  # fmt: skip
+
+
+def _in_parts(ids: list[str], size: int = 500) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """`ids` in parts of `size` (SQLite's bound on parameters), each with its placeholders."""
+    for at in range(0, len(ids), size):
+        part = tuple(ids[at : at + size])
+        yield ", ".join("?" * len(part)), part
