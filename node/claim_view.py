@@ -4,9 +4,11 @@ not, why, as far as the look and the judgement say."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from node import committees
 from node.evidence import Judgement
 from node.ledger import Ledger, LedgerError
 
@@ -31,6 +33,10 @@ def claim_view(ledger: Ledger, result_id: str, quorum: int | None = None) -> dic
         )
     j = ledger.standings(row["profile"], quorum, every=True)[1].get(fact_id)
     silenced = ledger.contradicted()
+    rules = ledger.rules(row["profile"], quorum)
+    if j is not None and (order := committees.ranking(row, rules)) is not None:
+        # its committee: the first in rank not contradicted (the ledger keeps no seats)
+        j = dataclasses.replace(j, seats=committees.seated(order, silenced, rules.committee_size))
     looks = ledger.rows(
         "SELECT id, author, time, seed, delta, verdict, harness, profile FROM verifications "
         "WHERE result = ? ORDER BY time, id",

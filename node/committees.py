@@ -34,56 +34,43 @@ def committee(draw: str, author: str, members: Collection[str], size: int) -> tu
     return ranked(draw, author, members, size)
 
 
-def seats_and_reserve(
-    claim: Mapping[str, Any], rules: Any, out: Collection[str] = ()
-) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """`panel`'s seats (sorted), and the next as many members in rank after them (in rank
-    order), the peers `out` left out: those who take the seats that contradicted members leave,
-    first to last, so that a ledger that keeps them finds each heir without drawing the
-    committee again. None in an open campaign."""
+def ranking(claim: Mapping[str, Any], rules: Any) -> tuple[str, ...] | None:
+    """Every member that may judge `claim` (`Rules.members_for`, its author left out) in rank for
+    its draw: its committee is the first `committee_size` of them that are not out (`seated`).
+    None in an open campaign."""
     members = rules.members_for(claim)
     if members is None:
         return None
-    size = rules.committee_size
-    order = ranked(draw_of(claim), claim["author"], members - set(out), 2 * size)
-    return tuple(sorted(order[:size])), order[size:]
+    return ranked(draw_of(claim), claim["author"], members, len(members))
 
 
-def moved(
-    seats: Sequence[str], reserve: Sequence[str], out: Collection[str]
-) -> tuple[list[str], list[str]] | None:
-    """A committee's `seats` and `reserve` (as `seats_and_reserve` drew them) once the peers
-    `out` hold no seat, each seat left to the first in the reserve: (its seats, its reserve),
-    None when the reserve runs out (draw it again)."""
-    gone, bench = [p for p in seats if p in out], [p for p in reserve if p not in out]
-    if len(bench) < len(gone):
-        return None
-    kept = [p for p in seats if p not in out]
-    return sorted(kept + bench[: len(gone)]), bench[len(gone) :]
+def seated(order: Sequence[str], out: Collection[str], size: int) -> tuple[str, ...]:
+    """The seats (sorted) of a committee of `size` drawn from the ranking `order`, or a head of
+    it that holds `size` members not `out`: the first `size` of them, the peers `out` left out."""
+    return tuple(sorted([p for p in order if p not in out][:size]))
 
 
-def returned(
-    claim: Mapping[str, Any], rules: Any, seats: Sequence[str], reserve: Sequence[str],
-    peers: Collection[str],
-) -> tuple[list[str], list[str]]:  # fmt: skip
-    """`claim`'s `seats` and `reserve` (drawn while `peers` were held out) once `peers` may sit
-    again: each takes its rank among them where it ranks before the last of them, or where the
-    seats are fewer than the committee's size (the members ran out); one that ranks after the
-    last stays out of the reserve, which is the ranking's head, not all of it."""
-    members = rules.members_for(claim) or frozenset()
-    listed = {*seats, *reserve}  # where a peer that came and left since was never taken out
-    back = [p for p in peers if p in members and p != claim["author"] and p not in listed]
-    if not back:
-        return list(seats), list(reserve)
-    draw, size = draw_of(claim), rules.committee_size
-    rank = lambda m: hashlib.sha256(f"{draw}:{m}".encode()).digest()  # noqa: E731
-    if len(seats) == size:  # what is listed is the ranking's head: behind its last, unknown
-        last = rank(reserve[-1]) if reserve else max(map(rank, seats))  # (reserve: rank order)
-        back = [p for p in back if rank(p) < last]
-        if not back:
-            return list(seats), list(reserve)
-    order = sorted([*seats, *reserve, *back], key=rank)
-    return sorted(order[:size]), order[size : 2 * size]
+def kept_head(order: Sequence[str], out: Collection[str], size: int) -> tuple[str, ...]:
+    """The head of a claim's ranking `order` that a ledger keeps: up to its `2 * size`-th member
+    not `out` (all of it when shorter), so that its committee is found in it while up to `size`
+    more of its members are out, and a member back in takes back its seat where it ranks."""
+    kept, free = [], 0
+    for peer in order:
+        if free == 2 * size:
+            break
+        kept.append(peer)
+        free += peer not in out
+    return tuple(kept)
+
+
+def holds(head: Sequence[str], order: Sequence[str] | None, out: Collection[str], size: int) -> bool:
+    """Whether `head` (a ranking's head a ledger kept) still finds the committee: it holds `size`
+    members not `out`, or it is the whole ranking; and, given the `order` it was drawn from, it is
+    that order's head."""
+    if order is not None and tuple(head) != tuple(order[: len(head)]):
+        return False
+    free = sum(p not in out for p in head)
+    return free >= size or (order is not None and len(head) == len(order))
 
 
 def panel(claim: Mapping[str, Any], rules: Any, out: Collection[str] = ()) -> frozenset[str] | None:
@@ -93,8 +80,8 @@ def panel(claim: Mapping[str, Any], rules: Any, out: Collection[str] = ()) -> fr
     a contradicted one's seat and a claim is never left to fewer honest lookers than its
     committee's size (one honest member, capped at `evidence.PEER_CAP` seeds, could never
     settle it)."""
-    drawn = seats_and_reserve(claim, rules, out)
-    return None if drawn is None else frozenset(drawn[0])
+    order = ranking(claim, rules)
+    return None if order is None else frozenset(seated(order, out, rules.committee_size))
 
 
 def look_draw(claim: Mapping[str, Any], members: Collection[str] | None) -> str:

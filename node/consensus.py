@@ -127,7 +127,7 @@ def _check_columns(rows: list[Mapping[str, Any]], columns: Sequence[str], what: 
 
 def judge_claim(
     claim: Mapping[str, Any], looks: Iterable[Mapping[str, Any]], rules: Rules,
-    silenced: Collection[str] = (),
+    silenced: Collection[str] = (), order: Sequence[str] | None = None,
 ) -> Judgement:  # fmt: skip
     """One claim's judgement from its own looks alone, those that count: by a peer other than
     its author and not `silenced`, with the same harness and profile (another harness measures
@@ -139,9 +139,10 @@ def judge_claim(
     with `rules.look_budget` seeds behind it (a gain too small to tell from noise, if any: a
     change of no gain is refuted only after some 30 seeds, so verifiers stop before). What
     depends on other claims (the hold) is `settle`'s: a ledger can keep this per claim and
-    update it at every look."""
-    members, drawn = rules.members_for(claim), committees.seats_and_reserve(claim, rules, silenced)
-    panel = None if drawn is None else frozenset(drawn[0])
+    update it at every look. `order`: the claim's `committees.ranking`, where the caller has it."""
+    members, size = rules.members_for(claim), rules.committee_size
+    order = order if order is not None or members is None else committees.ranking(claim, rules)
+    seats = None if order is None else committees.seated(order, silenced, size)
     reports = [
         v for v in looks
         if v["author"] != claim["author"]
@@ -149,18 +150,12 @@ def judge_claim(
         and (members is None or v["author"] in members)
     ]  # fmt: skip
     counted = [v for v in reports if v["author"] not in silenced
-               and (panel is None or v["author"] in panel)]  # fmt: skip
-    j = evidence.judge(
-        claim,
-        counted,
-        quorum=rules.quorum,
-        sigma=rules.sigma,
-        tolerance=rules.tolerance,
-        reports=reports,
-    )
+               and (seats is None or v["author"] in seats)]  # fmt: skip
+    j = evidence.judge(claim, counted, quorum=rules.quorum, sigma=rules.sigma,
+                       tolerance=rules.tolerance, reports=reports)  # fmt: skip
     if j.state == "open" and j.seeds >= rules.look_budget and not j.disputed:
         j = dataclasses.replace(j, state=UNPROVEN, reason=f"unproven: {j.reason}")
-    return j if drawn is None else dataclasses.replace(j, seats=drawn[0], reserve=drawn[1])
+    return j if seats is None else dataclasses.replace(j, seats=seats)
 
 
 def _side(state: str) -> int:

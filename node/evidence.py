@@ -69,8 +69,6 @@ class Judgement:
     contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
     awaits_replay: bool = False  # verified but for its author's claim, which a replay must back
     seats: tuple[str, ...] | None = None  # the committee that judged it; None: an open campaign
-    # The members next in rank after the seats, who take those that contradicted ones leave.
-    reserve: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return {"state": self.state, "gain": self.gain, "se": self.se, "seeds": self.seeds,

@@ -134,7 +134,7 @@ class Ledger(JudgedClaims):
                 step(self.db)
             self.conn.execute(f"PRAGMA user_version={max(version, len(MIGRATIONS))}")
             self.schema_version = max(version, len(MIGRATIONS))
-            if 0 < version < 7:  # an older release's claims, judged once: seats and reserve kept
+            if 0 < version < 8:  # an older release's claims, judged once: ranking heads kept
                 self._judge_claims(self.conn)
 
     @contextmanager

@@ -1,7 +1,7 @@
 """The ledger's judgements of its kept claims, kept at ingest (`JudgedClaims`, the judging half
 of `Ledger`, node/ledger.py): each claim judged again from its own looks when one arrives, and
 the claims whose counted looks change when a peer a replay contradicted comes into the set of
-such peers or leaves it, found by the committee seats each claim keeps.
+such peers or leaves it, found by the head of its committee's ranking each claim keeps.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from node import committees, consensus
@@ -17,8 +17,8 @@ from node.ledger_queries import LOOK_COLUMNS, RESULT_COLUMNS, LedgerQueries
 
 
 class JudgedClaims(LedgerQueries):
-    """Keeps `claims` (each kept claim's judgement, its committee's seats and reserve) and
-    `seats` (who sits where) true to the facts, for `Ledger` to call as it stores them."""
+    """Keeps `claims` (each kept claim's judgement) and `ranks` (the head of each one's committee
+    ranking) true to the facts, for `Ledger` to call as it stores them."""
 
     def _judge_claims(self, conn: sqlite3.Connection, ids: Iterable[str] | None = None) -> None:
         """Judge the kept claims `ids` (None: all) again from their looks, under the terms, and
@@ -40,56 +40,65 @@ class JudgedClaims(LedgerQueries):
         """The claims whose counted looks change when the contradicted peers go from `out` to
         `now`, to be judged again: in an open campaign, those the peers that came or left looked
         at; with members, those where a seat changes hands and a peer on either side looked.
-        Each claim keeps its seats and the next members in rank, its reserve: a contradicted
-        member's seat goes to the first in the reserve, and a peer back in the set takes back
-        its rank (`committees.moved`, `committees.returned`), without drawing every claim's
-        committee again. Where no look changes sides, the seats change hands in place."""
+        Each claim keeps the head of its committee's ranking, contradicted members and all
+        (`ranks`), so the seats before and after are found in it without drawing any committee
+        again, and nothing is written where no look changes sides. A head left with fewer than a
+        committee of members not contradicted is drawn deeper as its claim is judged again."""
+        if (self.terms() or {}).get("members") is None:  # open: every look counts, no seats
+            marks = ", ".join("?" * len(now ^ out))
+            return {row[0] for row in conn.execute(
+                f"SELECT DISTINCT result FROM verifications WHERE author IN ({marks}) "
+                f"AND result IN (SELECT id FROM claims)", sorted(now ^ out),
+            )}  # fmt: skip
+        # A peer sits on a committee only within the first `size` + (peers out) in rank: one
+        # that comes into the set can leave a seat only where it ranks within `size` +
+        # len(out), one that leaves it can take one only within `size` + len(now); the heads
+        # are read that far.
         came, left = sorted(now - out), sorted(out - now)
-        marks = ", ".join("?" * len(came + left))
-        again = {row[0] for row in conn.execute(
-            f"SELECT DISTINCT result FROM verifications JOIN claims ON claims.id = result "
-            f"WHERE verifications.author IN ({marks}) AND claims.seats IS NULL", came + left,
-        )}  # fmt: skip
-        if left:  # a peer back may take a seat on any committee
-            rows = self.rows(
-                "SELECT claims.id, claims.author, claims.parent, time, claims.profile, "
-                "claims.seats, reserve FROM claims JOIN results USING (id) "
-                "WHERE claims.seats IS NOT NULL"
-            )
-        else:
-            marks = ", ".join("?" * len(came))
-            rows = self.rows(
-                f"SELECT id, seats, reserve FROM claims WHERE id IN "
-                f"(SELECT claim FROM seats WHERE member IN ({marks}))", came,
-            )  # fmt: skip
-        rules, was, drawn = functools.cache(self.rules), {}, {}
-        for c in rows:
-            seats, reserve = json.loads(c["seats"]), json.loads(c["reserve"] or "[]")
-            now_drawn = committees.moved(seats, reserve, now)
-            if now_drawn is None:
-                again.add(c["id"])
-                continue
-            if left:
-                now_drawn = committees.returned(c, rules(c["profile"]), *now_drawn, left)
-            if now_drawn != (seats, reserve):
-                was[c["id"]], drawn[c["id"]] = set(seats), now_drawn
-        lookers = self._lookers(conn, [cid for cid in drawn if set(drawn[cid][0]) != was[cid]])
-        for cid in list(drawn):
-            if (set(drawn[cid][0]) ^ was[cid]) & lookers.get(cid, set()):
+        size, moved, again = self._committee_size(), [], set()
+        deep, heads = size + max(len(out), len(now)), {}
+        for cid, member in conn.execute(
+            f"SELECT claim, member FROM ranks WHERE rank < ? AND claim IN ("
+            f"SELECT claim FROM ranks WHERE member IN ({', '.join('?' * len(came))}) AND rank < ? "
+            f"UNION SELECT claim FROM ranks WHERE member IN ({', '.join('?' * len(left))}) "
+            f"AND rank < ?) ORDER BY claim, rank",
+            [deep, *came, size + len(out), *left, size + len(now)],
+        ):  # fmt: skip
+            heads.setdefault(cid, []).append(member)
+        for cid, head in heads.items():
+            if not committees.holds(head, None, now, size):
                 again.add(cid)
-                del drawn[cid]
-        conn.executemany("UPDATE claims SET seats = ?, reserve = ? WHERE id = ?",
-                         [(json.dumps(s), json.dumps(r), cid) for cid, (s, r) in drawn.items()])  # fmt: skip
-        self._seated(conn, [(cid, was[cid], seats) for cid, (seats, _) in drawn.items()])
-        return again
+                continue
+            was, seats = committees.seated(head, out, size), committees.seated(head, now, size)
+            moved += [(cid, peer) for peer in set(was) ^ set(seats)]
+        return again | self._looked(conn, moved)
 
-    def _lookers(self, conn: sqlite3.Connection, ids: list[str]) -> dict[str, set[str]]:
-        """{claim id: the peers that looked at it}, for the claims `ids`."""
-        found: dict[str, set[str]] = {}
+    def _heads(self, conn: sqlite3.Connection, ids: list[str]) -> dict[str, list[str]]:
+        """{claim id: the head of its ranking it keeps}, for the claims `ids`."""
+        found: dict[str, list[str]] = {}
         for marks, part in _in_parts(ids):
-            sql = f"SELECT result, author FROM verifications WHERE result IN ({marks})"
-            for cid, who in conn.execute(sql, part):
-                found.setdefault(cid, set()).add(who)
+            for cid, member in conn.execute(
+                f"SELECT claim, member FROM ranks WHERE claim IN ({marks}) ORDER BY claim, rank",
+                part,
+            ):  # fmt: skip
+                found.setdefault(cid, []).append(member)
+        return found
+
+    def _committee_size(self) -> int:
+        """The committees' size: the campaign's, the same on every profile (`Rules`)."""
+        return consensus.Rules(self.quorum()).committee_size
+
+    def _looked(self, conn: sqlite3.Connection, pairs: list[tuple[str, str]]) -> set[str]:
+        """The claims of `pairs` (claim id, peer) that their peer looked at."""
+        found: set[str] = set()
+        for at in range(0, len(pairs), 250):
+            part = pairs[at : at + 250]
+            values = ", ".join(["(?, ?)"] * len(part))
+            found.update(row[0] for row in conn.execute(
+                f"SELECT v.result FROM (VALUES {values}) AS p "
+                f"JOIN verifications AS v ON v.author = p.column2 AND v.result = p.column1",
+                [x for pair in part for x in pair],
+            ))  # fmt: skip
         return found
 
     def _kept(self, sql: str, ids: Iterable[str] | None) -> list[dict[str, Any]]:
@@ -113,39 +122,42 @@ class JudgedClaims(LedgerQueries):
     def _judge(
         self, conn: sqlite3.Connection, claims: Iterable[Mapping[str, Any]], out: frozenset[str]
     ) -> None:
-        rules, seated = functools.cache(self.rules), []
+        rules, heads = functools.cache(self.rules), []
         for claim in claims:
             looks = self.rows(
                 f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
             )
-            j = consensus.judge_claim(claim, looks, rules(claim["profile"]), out)
+            r = rules(claim["profile"])
+            order = committees.ranking(claim, r)
+            j = consensus.judge_claim(claim, looks, r, out, order)
             conn.execute(
                 "INSERT OR REPLACE INTO claims VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (claim["id"], claim["profile"], claim["harness"], claim["parent"], claim["child"],
                  claim["author"], j.state, j.gain, j.se, j.seeds, j.sigma, json.dumps(j.peers),
                  json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason,
-                 json.dumps(j.contradicted) if j.contradicted else None,
-                 None if j.seats is None else json.dumps(j.seats), json.dumps(j.reserve)),
+                 json.dumps(j.contradicted) if j.contradicted else None),
             )  # fmt: skip
-            seated.append((claim["id"], None, j.seats or ()))
-        self._seated(conn, seated)
+            heads.append((claim["id"], order, r.committee_size))
+        self._keep_heads(conn, heads, out)
 
-    def _seated(
+    def _keep_heads(
         self, conn: sqlite3.Connection,
-        changes: Iterable[tuple[str, Collection[str] | None, Collection[str]]],
+        heads: list[tuple[str, tuple[str, ...] | None, int]], out: frozenset[str],
     ) -> None:  # fmt: skip
-        """Keep `seats` (who sits where) to the claims' committees, `changes` as (claim id, its
-        seats before, None where they are not known, its seats now)."""
-        changes = list(changes)
-        conn.executemany("DELETE FROM seats WHERE claim = ?",
-                         [(cid,) for cid, was, _ in changes if was is None])  # fmt: skip
-        conn.executemany("DELETE FROM seats WHERE member = ? AND claim = ?",
-                         [(m, cid) for cid, was, now in changes if was is not None
-                          for m in set(was) - set(now)])  # fmt: skip
-        conn.executemany("INSERT INTO seats VALUES (?, ?)",
-                         [(m, cid) for cid, was, now in changes
-                          for m in set(now) - set(was or ())])  # fmt: skip
+        """Keep in `ranks` the head of each claim's ranking, `heads` as (claim id, its ranking,
+        None in an open campaign, its committee's size): the one kept stays while it is that
+        ranking's head and still finds the committee (`committees.holds`), else the head for
+        the peers `out` now (`committees.kept_head`) replaces it."""
+        kept = self._heads(conn, [cid for cid, _, _ in heads])
+        fresh = [(cid, () if order is None else committees.kept_head(order, out, size))
+                 for cid, order, size in heads
+                 if order is None and cid in kept
+                 or order is not None and not (cid in kept and committees.holds(
+                     kept[cid], order, out, size))]  # fmt: skip
+        conn.executemany("DELETE FROM ranks WHERE claim = ?", [(cid,) for cid, _ in fresh])
+        conn.executemany("INSERT INTO ranks VALUES (?, ?, ?)",
+                         [(m, cid, k) for cid, head in fresh for k, m in enumerate(head)])  # fmt: skip
 
 
 def _in_parts(ids: list[str], size: int = 500) -> Iterator[tuple[str, tuple[str, ...]]]:

@@ -44,7 +44,7 @@ def builtin_baseline() -> str:
 
 
 _JUDGED = ("state", "gain", "se", "seeds", "sigma", "peers", "outliers", "disputed", "author_z",
-           "reason", "contradicted", "seats")  # fmt: skip
+           "reason", "contradicted")  # fmt: skip
 
 
 def _judgement(row: Mapping[str, Any]) -> Judgement:
@@ -54,7 +54,6 @@ def _judgement(row: Mapping[str, Any]) -> Judgement:
         tuple(json.loads(row["peers"])), tuple(json.loads(row["outliers"])),
         bool(row["disputed"]), row["author_z"], row["reason"],
         tuple(json.loads(row.get("contradicted") or "[]")),
-        seats=None if row.get("seats") is None else tuple(json.loads(row["seats"])),
     )  # fmt: skip
 
 

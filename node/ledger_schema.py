@@ -138,6 +138,24 @@ def _schema_7(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX seats_claim ON seats (claim)")
 
 
+def _schema_8(db: sqlite_utils.Database) -> None:
+    """Release 8: a claim keeps the head of its committee's ranking (`ranks`: the members that
+    may judge it in rank, whether a replay contradicted them or not, up to a second committee's
+    worth of those it did not), so that when a member is contradicted or backed again no row
+    changes but those of the claims where a look changes sides: the seats are the first in rank
+    not contradicted (`committees.seated`), found in the head, not kept. Release 7's seats and
+    reserve go. `Ledger` judges every claim once when it brings a ledger to this release, which
+    fills the heads."""
+    db.execute("DROP TABLE seats")
+    db.execute("ALTER TABLE claims DROP COLUMN reserve")
+    db.execute("ALTER TABLE claims DROP COLUMN seats")
+    db.execute(
+        "CREATE TABLE ranks (member TEXT, claim TEXT, rank INTEGER, PRIMARY KEY (member, claim))"
+        " WITHOUT ROWID"
+    )
+    db.execute("CREATE INDEX ranks_claim ON ranks (claim, rank)")
+
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_1,
@@ -147,4 +165,5 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_5,
     _schema_6,
     _schema_7,
+    _schema_8,
 ]

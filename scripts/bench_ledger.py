@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgpack  # noqa: E402
 
-from node import wire  # noqa: E402
+from node import committees, wire  # noqa: E402
 from node.identity import Identity  # noqa: E402
 from node.ledger import Ledger  # noqa: E402
 
@@ -195,8 +195,9 @@ def main() -> int:
 
 def contradiction(large: Path, path: Path, peers: int) -> None:
     """The same ledger in a campaign whose members are its peers: a look that a replay of its seed
-    contradicts makes its author hold no seat on any committee, so the ledger judges again every
-    claim whose committee it sat on (found by the seats each claim keeps)."""
+    contradicts makes its author hold no seat on any committee: the ledger finds the claims whose
+    committee it sat on in the head of each claim's ranking it keeps, and judges again those where
+    a look changes sides."""
     shutil.copy(large, path)
     rng = random.Random(0)  # synthetic_facts' keys
     members = [Identity(rng.randbytes(32)) for _ in range(peers)]
@@ -223,10 +224,7 @@ def contradiction(large: Path, path: Path, peers: int) -> None:
 
         look(liar, 1.45, 5000)  # a look no run stands behind
         look(first, 1.51, 5000)  # a replay of its seed: contested
-        (seated,) = book.conn.execute(
-            "SELECT count(*) FROM claims, json_each(claims.seats) WHERE json_each.value = ?",
-            (liar.peer_id,),
-        ).fetchone()
+        seated = sum(liar.peer_id in seats for seats in committees_of(book, liar.peer_id))
         ms = look(second, 1.5101, 5000)  # a second replay: contradicted
         assert liar.peer_id in book.contradicted()
         print(f"ingest of the look that contradicts a member  {ms:7.1f} ms  "
@@ -236,6 +234,19 @@ def contradiction(large: Path, path: Path, peers: int) -> None:
         ms = max(look(who, 1.45, 5000) for who in backers)
         assert liar.peer_id not in book.contradicted()
         print(f"ingest of the look that backs it again  {ms:7.1f} ms  (the slowest of three)")
+
+
+def committees_of(book: Ledger, peer: str) -> list[tuple[str, ...]]:
+    """The committees of the claims whose kept ranking head lists `peer`."""
+    heads: dict[str, tuple[str, list[str]]] = {}
+    for cid, profile, member in book.conn.execute(
+        "SELECT claim, profile, member FROM ranks JOIN claims ON claims.id = claim WHERE claim IN "
+        "(SELECT claim FROM ranks WHERE member = ?) ORDER BY claim, rank", (peer,),
+    ):  # fmt: skip
+        heads.setdefault(cid, (profile, []))[1].append(member)
+    out = book.contradicted()
+    return [committees.seated(head, out, book.rules(profile).committee_size)
+            for profile, head in heads.values()]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node import consensus, evidence, merges
-from node.committees import committee, draw_of, ranked, returned, seats_and_reserve
+from node.committees import committee, draw_of, holds, kept_head, panel, ranked, ranking, seated
 from node.consensus import (
     HELD,
     HOLD_LOOKS,
@@ -178,22 +178,29 @@ def test_a_committee_is_drawn_by_hash_without_the_author_and_nobody_else_counts(
     assert state(results, looks("r1", panel[0], [0.05] * 4), r) in ("verified", HELD)
 
 
-def test_a_member_back_takes_its_rank_only_within_what_a_claim_keeps_of_the_ranking():
-    """A claim keeps its seats and the members next in rank (`seats_and_reserve`); one that was
-    out and is back (`returned`) takes its place among them where it ranks before the last of
-    them, and stays unlisted where it ranks after: members it never saw may rank between."""
+def test_a_kept_head_of_the_ranking_finds_the_committee_while_members_come_and_go():
+    """A ledger keeps the head of a claim's ranking up to its second committee's worth of members
+    not out (`kept_head`); the committee is the first in it not out (`seated`), the same as the
+    whole ranking's (`panel`) whoever is out, as long as the head `holds` a committee of them;
+    when it does not, or it is no longer that ranking's head, it must be drawn again."""
     members = frozenset("abcdefghijkl")
     claim = result("r1", "a", BASELINE, V1)
     r = rules(1, members=members, committee=3)
-    order = ranked(draw_of(claim), "a", members, 11)
-    drawn = seats_and_reserve(claim, r, {order[1]})  # order[1] was out
-    assert drawn == (tuple(sorted([order[0], *order[2:4]])), order[4:7])
-    assert returned(claim, r, *drawn, {order[1]}) == (sorted(order[:3]), list(order[3:6]))
-    # The reserve used up (three seats moved to it): one back that ranks past the last seat
-    # stays out, since order[3] and order[4], never listed here, rank before it.
-    seats = sorted([order[0], order[1], order[2]])
-    assert returned(claim, r, seats, [], {order[5]}) == (seats, [])
-    assert returned(claim, r, sorted(order[1:4]), [], {order[0]}) == (sorted(order[:3]), [order[3]])
+    order = ranking(claim, r)
+    assert order == ranked(draw_of(claim), "a", members, 99) and "a" not in order
+    head = kept_head(order, {order[1]}, 3)  # order[1] was out when it was kept
+    assert head == order[:7]
+    for out in [(), {order[1]}, {order[0], order[2], order[5]}, set(order[1:4])]:
+        assert holds(head, order, out, 3)
+        assert seated(head, out, 3) == tuple(sorted(panel(claim, r, out)))
+    # Four of its seven out: three left, still a committee; five out: drawn again, deeper.
+    assert holds(head, None, set(order[:4]), 3) and not holds(head, None, set(order[:5]), 3)
+    deeper = kept_head(order, set(order[:5]), 3)
+    assert deeper == order[:11] and seated(deeper, set(order[:5]), 3) == tuple(sorted(order[5:8]))
+    assert not holds(head, order[1:], (), 3)  # another ranking (the members changed)
+    # Members run out: the whole ranking holds whatever is out.
+    assert kept_head(order, set(order), 3) == order and holds(order, order, set(order[:10]), 3)
+    assert seated(order, set(order[:10]), 3) == (order[10],)
 
 
 def test_an_author_cannot_redraw_its_committee_by_making_claims_anew():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -201,32 +200,37 @@ def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, al
     assert calls == ["next"]
 
 
-@pytest.mark.parametrize("release", [5, 6])
-def test_a_ledger_of_an_older_release_gets_each_claims_seats_when_opened(tmp_path, alice, release):
-    """Release 6 keeps the committee that judged each claim, release 7 the members next in rank
-    and who sits where (found again when one of its seats is contradicted): a ledger of an older
-    release has its claims judged once as it is opened, which fills them, so that no claim
-    judged before is left without them."""
+@pytest.mark.parametrize("release", [5, 6, 7])
+def test_a_ledger_of_an_older_release_gets_each_claims_ranking_head_when_opened(
+    tmp_path, alice, release
+):
+    """Release 8 keeps the head of each claim's committee ranking (`ranks`; release 6 kept its
+    seats, release 7 its reserve and who sat where): a ledger of an older release has its claims
+    judged once as it is opened, which fills them, so that no claim judged before is left
+    without one, and what the older releases kept goes."""
     people = [Identity(bytes(range(k, k + 32))) for k in range(1, 7)]
     members = sorted({p.peer_id for p in people} | {alice.peer_id})
     r1 = make_result(alice, 1, BASELINE, V1, 1.40)
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:  # as that release left it:
         set_terms(book, members=members)
         book.ingest(r1.raw)
-        book.conn.execute("ALTER TABLE claims DROP COLUMN reserve")
-        book.conn.execute("DROP TABLE seats")
+        book.conn.execute("DROP TABLE ranks")
+        if release == 7:
+            book.conn.execute("ALTER TABLE claims ADD COLUMN seats TEXT")
+            book.conn.execute("ALTER TABLE claims ADD COLUMN reserve TEXT")
+            book.conn.execute("CREATE TABLE seats (member TEXT, claim TEXT, "
+                              "PRIMARY KEY (member, claim)) WITHOUT ROWID")  # fmt: skip
+        if release == 6:
+            book.conn.execute("ALTER TABLE claims ADD COLUMN seats TEXT")
         if release == 5:
-            book.conn.execute("ALTER TABLE claims DROP COLUMN seats")
             book.conn.execute("DROP INDEX idx_verifications_author_result")
         book.conn.execute(f"PRAGMA user_version = {release}")
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as now:
-        (row,) = now.rows("SELECT seats, reserve FROM claims WHERE id = ?", (r1.id,))
         claim = {**r1.body, "author": alice.peer_id}
-        drawn = committees.seats_and_reserve(claim, now.rules("cpu"))
-        assert json.loads(row["seats"]) == list(drawn[0]) and len(drawn[0]) == 3
-        assert json.loads(row["reserve"]) == list(drawn[1]) and len(drawn[1]) == 3
-        seated = now.rows("SELECT member FROM seats WHERE claim = ? ORDER BY member", (r1.id,))
-        assert [r["member"] for r in seated] == list(drawn[0])
+        order = committees.ranking(claim, now.rules("cpu"))
+        head = now.rows("SELECT member FROM ranks WHERE claim = ? ORDER BY rank", (r1.id,))
+        assert [r["member"] for r in head] == list(order) and len(order) == 6
+        assert "seats" not in now.db["claims"].columns_dict and "seats" not in now.db.table_names()
 
 
 # ---------------------------------------------------------------- leaderboard and lineage
@@ -343,24 +347,26 @@ def test_a_contradicted_members_seat_goes_to_the_next_in_rank_whatever_the_order
 
 
 def _same_as_the_pure_rule(book) -> None:
-    """The ledger's kept judgements are those of `consensus.judge_claims` over its rows, with the
-    same committees, and the ledger finds each committee's members by their seats."""
+    """The ledger's kept judgements are those of `consensus.judge_claims` over its rows, and the
+    head of each claim's ranking it keeps finds the pure rule's committee: it is the head of the
+    rule's own ranking, and holds a committee's worth of members not contradicted, or all."""
     _, kept, _ = book.standings("cpu", every=True)
     results, looks = book.claim_rows("cpu")
-    pure = consensus.judge_claims(results, looks, book.rules("cpu"))
-    assert {rid: (j.state, j.seeds, j.peers, j.seats) for rid, j in pure.items()} == {
-        rid: (j.state, j.seeds, j.peers, j.seats) for rid, j in kept.items()
+    rules = book.rules("cpu")
+    pure = consensus.judge_claims(results, looks, rules)
+    assert {rid: (j.state, j.seeds, j.peers) for rid, j in pure.items()} == {
+        rid: (j.state, j.seeds, j.peers) for rid, j in kept.items()
     }
-    seated = {(row["member"], row["claim"]) for row in book.rows("SELECT * FROM seats")}
-    assert seated == {(m, rid) for rid, j in kept.items() for m in j.seats or ()}
-    # What each claim keeps of the members next in rank, those still out left out, is the head
-    # of the rule's own ranking: the heirs of the seats a contradiction empties.
-    out, rules = book.contradicted(), book.rules("cpu")
+    out, size = book.contradicted(), rules.committee_size
     for claim in results:
-        (row,) = book.rows("SELECT reserve FROM claims WHERE id = ?", (claim["id"],))
-        reserve = [p for p in json.loads(row["reserve"]) if p not in out]
-        drawn = committees.seats_and_reserve(claim, rules, out)
-        assert reserve == list(drawn[1][: len(reserve)]) if drawn else reserve == []
+        head = [r["member"] for r in book.rows(
+            "SELECT member FROM ranks WHERE claim = ? ORDER BY rank", (claim["id"],))]  # fmt: skip
+        order = committees.ranking(claim, rules)
+        if order is None:
+            assert head == []
+            continue
+        assert committees.holds(head, order, out, size)
+        assert committees.seated(head, out, size) == pure[claim["id"]].seats
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -401,7 +407,7 @@ def test_committees_stay_the_pure_rules_as_members_are_contradicted_and_backed(t
             _same_as_the_pure_rule(book)
         set_terms(book)  # an open campaign now: no committees, nobody seated
         _same_as_the_pure_rule(book)
-        assert _count(book, "seats") == 0
+        assert _count(book, "ranks") == 0
 
 
 def test_a_quorum_counts_distinct_peers(book, alice, bob, carol):
