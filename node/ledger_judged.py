@@ -149,12 +149,13 @@ class JudgedClaims(LedgerQueries):
         None in an open campaign, its committee's size): the one kept stays while it is that
         ranking's head and still finds the committee (`committees.holds`), else the head for
         the peers `out` now (`committees.kept_head`) replaces it."""
-        kept = self._heads(conn, [cid for cid, _, _ in heads])
-        fresh = [(cid, () if order is None else committees.kept_head(order, out, size))
-                 for cid, order, size in heads
-                 if order is None and cid in kept
-                 or order is not None and not (cid in kept and committees.holds(
-                     kept[cid], order, out, size))]  # fmt: skip
+        kept, fresh = self._heads(conn, [cid for cid, _, _ in heads]), []
+        for cid, order, size in heads:
+            if order is None:  # an open campaign: no committee, no head
+                if cid in kept:
+                    fresh.append((cid, ()))
+            elif cid not in kept or not committees.holds(kept[cid], order, out, size):
+                fresh.append((cid, committees.kept_head(order, out, size)))
         conn.executemany("DELETE FROM ranks WHERE claim = ?", [(cid,) for cid, _ in fresh])
         conn.executemany("INSERT INTO ranks VALUES (?, ?, ?)",
                          [(m, cid, k) for cid, head in fresh for k, m in enumerate(head)])  # fmt: skip
