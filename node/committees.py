@@ -63,7 +63,9 @@ def kept_head(order: Sequence[str], out: Collection[str], size: int) -> tuple[st
     return tuple(kept)
 
 
-def holds(head: Sequence[str], order: Sequence[str] | None, out: Collection[str], size: int) -> bool:
+def holds(
+    head: Sequence[str], order: Sequence[str] | None, out: Collection[str], size: int
+) -> bool:
     """Whether `head` (a ranking's head a ledger kept) still finds the committee: it holds `size`
     members not `out`, or it is the whole ranking; and, given the `order` it was drawn from, it is
     that order's head."""
