@@ -68,7 +68,9 @@ class Judgement:
     contradicted: tuple[str, ...] = ()  # peers whose report of a seed the replays contradict
     contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
     awaits_replay: bool = False  # verified but for its author's claim, which a replay must back
-    seats: tuple[str, ...] | None = None  # the committee that judged it; None: an open campaign
+    # The committee that judged it (`consensus.judge_claim`); None in an open campaign, and in a
+    # ledger's kept judgements, which keep the ranking instead (`committees.seated` finds it).
+    seats: tuple[str, ...] | None = None
 
     def as_dict(self) -> dict:
         return {"state": self.state, "gain": self.gain, "se": self.se, "seeds": self.seeds,
