@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import trio
+from libp2p.peer.id import ID
 
 from node.gossip import GossipConfig, GossipError, GossipNode, read_status
 from node.gossip.addresses import check_port_free, dialable_addrs
@@ -223,3 +225,52 @@ def test_connections_from_one_address_over_the_cap_are_refused(tmp_path: Path) -
             ledger.close()
     assert a.counts["connections_refused"] >= 1, (a.counts, seen)
     assert len(seen["connected"]) == 2 and seen["connected"] < seen["dialers"]
+
+
+def test_streams_over_the_connection_cap_are_refused_whatever_their_protocol(
+    tmp_path: Path,
+) -> None:
+    """Every protocol caps a peer at 2 streams of its own (`Limits.max_streams`), so a
+    connection never reaches the default cap of 32: here it is 5, and the peer holds 2 streams
+    of each of fetch, peer exchange and sync beside its GossipSub stream (and whatever its
+    node has open besides: an honest start held 4 at once, 6 with the streams below)."""
+    from node.gossip.limits import Limits
+    from node.gossip.protocols import FETCH, PEERS, SYNC
+
+    homes = [tmp_path / "a", tmp_path / "b"]
+    ledgers = [Ledger(home / "ledger.db", campaign="c") for home in homes]
+    limits = Limits(max_conn_streams=5, target_peers=0)
+    a = GossipNode(GossipConfig(home=homes[0], campaign="c", limits=limits), Identity.generate(),
+                   LedgerFacts(ledgers[0]))  # fmt: skip
+    seen: dict = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.run)
+            await a.printed.wait()
+            config = GossipConfig(home=homes[1], campaign="c", bootstrap=a.addrs[:1])
+            b = GossipNode(config, Identity.generate(), LedgerFacts(ledgers[1]))
+            nursery.start_soon(b.run)
+            with trio.fail_after(30):
+                while b.peer_id not in _connected(a) or not a.counts["streams_open_most"]:
+                    await trio.sleep(0.1)
+            await trio.sleep(1)  # their first exchanges are over
+            seen["before"] = dict(a.counts)
+            streams = []
+            for protocol in (FETCH, FETCH, PEERS, PEERS, SYNC, SYNC):  # opened, never written to
+                with contextlib.suppress(Exception):  # reset by `a` as it agreed the protocol
+                    streams.append(await b.host.new_stream(ID.from_base58(a.peer_id), [protocol]))
+            await trio.sleep(1)
+            seen["after"] = dict(a.counts)
+            for stream in streams:
+                await stream.reset()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        for ledger in ledgers:
+            ledger.close()
+    before, after = seen["before"], seen["after"]
+    assert after["streams_open_most"] == 5, after  # reached, never passed
+    assert after["streams_refused"] > before["streams_refused"], (before, after)
