@@ -32,6 +32,9 @@ HARNESS = "ab" * 32
 BASELINE = "00" * 32
 T0 = 1_790_000_000_000  # a fixed clock (ms), so that tests never depend on today's date
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")  # .ci/run sets CI=true
+# pytest-xdist's workers export COLUMNS=80: the command line's consoles, made at import, would
+# keep that width whatever width a test runs a command with. A terminal's own width is read anew.
+os.environ.pop("COLUMNS", None)
 
 
 def unavailable(why: str) -> NoReturn:
