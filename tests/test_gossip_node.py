@@ -10,12 +10,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 from libp2p.peer.id import ID
 
 from node.gossip import GossipConfig, GossipError, GossipNode, read_status
 from node.gossip.addresses import check_port_free, dialable_addrs
+from node.gossip.limits import Limits
 from node.identity import Identity
 from node.ledger import Ledger
 from node.network import LedgerFacts
@@ -191,31 +193,28 @@ def test_a_host_that_dies_comes_back_on_the_printed_address_with_one_listener(
     assert seen["dialed"]
 
 
-def test_connections_from_one_address_over_the_cap_are_refused(tmp_path: Path) -> None:
-    from node.gossip.limits import Limits
-
-    homes = [tmp_path / name for name in "abcd"]
+def _node_with(limits: Limits, homes: list[Path]) -> tuple[GossipNode, list[Ledger]]:
+    """A node in the first of `homes` that allows its peers `limits`, and a ledger in each."""
     ledgers = [Ledger(home / "ledger.db", campaign="c") for home in homes]
-    limits = Limits(max_conns_per_ip=2, target_peers=0)  # a dials no one: all are inbound
-    a = GossipNode(GossipConfig(home=homes[0], campaign="c", limits=limits), Identity.generate(),
-                   LedgerFacts(ledgers[0]))  # fmt: skip
-    seen: dict = {}
+    config = GossipConfig(home=homes[0], campaign="c", limits=limits)
+    return GossipNode(config, Identity.generate(), LedgerFacts(ledgers[0])), ledgers
+
+
+def _dialer(home: Path, ledger: Ledger, to: GossipNode) -> GossipNode:
+    """A node in `home` that dials `to` first."""
+    config = GossipConfig(home=home, campaign="c", bootstrap=to.addrs[:1])
+    return GossipNode(config, Identity.generate(), LedgerFacts(ledger))
+
+
+def _run_beside(a: GossipNode, ledgers: list[Ledger], body: Any) -> None:
+    """Run node `a` and, once it printed its address, `await body(nursery)`; then stop them and
+    close the `ledgers`."""
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(a.run)
             await a.printed.wait()
-            dialers = []
-            for home, ledger in zip(homes[1:], ledgers[1:], strict=True):
-                config = GossipConfig(home=home, campaign="c", bootstrap=a.addrs[:1])
-                dialers.append(GossipNode(config, Identity.generate(), LedgerFacts(ledger)))
-                nursery.start_soon(dialers[-1].run)
-            with trio.move_on_after(30):
-                while a.counts["connections_refused"] < 1 or len(_connected(a)) < 2:
-                    await trio.sleep(0.1)
-            await trio.sleep(2)  # the refused one keeps trying, with backoff
-            seen["connected"] = _connected(a)
-            seen["dialers"] = {d.peer_id for d in dialers}
+            await body(nursery)
             nursery.cancel_scope.cancel()
 
     try:
@@ -223,6 +222,27 @@ def test_connections_from_one_address_over_the_cap_are_refused(tmp_path: Path) -
     finally:
         for ledger in ledgers:
             ledger.close()
+
+
+def test_connections_from_one_address_over_the_cap_are_refused(tmp_path: Path) -> None:
+    homes = [tmp_path / name for name in "abcd"]
+    # a dials no one: all are inbound
+    a, ledgers = _node_with(Limits(max_conns_per_ip=2, target_peers=0), homes)
+    seen: dict = {}
+
+    async def dial(nursery: trio.Nursery) -> None:
+        dialers = []
+        for home, ledger in zip(homes[1:], ledgers[1:], strict=True):
+            dialers.append(_dialer(home, ledger, a))
+            nursery.start_soon(dialers[-1].run)
+        with trio.move_on_after(30):
+            while a.counts["connections_refused"] < 1 or len(_connected(a)) < 2:
+                await trio.sleep(0.1)
+        await trio.sleep(2)  # the refused one keeps trying, with backoff
+        seen["connected"] = _connected(a)
+        seen["dialers"] = {d.peer_id for d in dialers}
+
+    _run_beside(a, ledgers, dial)
     assert a.counts["connections_refused"] >= 1, (a.counts, seen)
     assert len(seen["connected"]) == 2 and seen["connected"] < seen["dialers"]
 
@@ -232,45 +252,33 @@ def test_streams_over_the_connection_cap_are_refused_whatever_their_protocol(
 ) -> None:
     """Every protocol caps a peer at 2 streams of its own (`Limits.max_streams`), so a
     connection never reaches the default cap of 32: here it is 5, and the peer holds 2 streams
-    of each of fetch, peer exchange and sync beside its GossipSub stream (and whatever its
-    node has open besides: an honest start held 4 at once, 6 with the streams below)."""
-    from node.gossip.limits import Limits
+    of each of fetch, peer exchange and sync beside its GossipSub stream and whatever its node
+    has open besides (an honest start held 4 at once; with the default cap, 6 were open with
+    four of the streams below)."""
     from node.gossip.protocols import FETCH, PEERS, SYNC
 
     homes = [tmp_path / "a", tmp_path / "b"]
-    ledgers = [Ledger(home / "ledger.db", campaign="c") for home in homes]
-    limits = Limits(max_conn_streams=5, target_peers=0)
-    a = GossipNode(GossipConfig(home=homes[0], campaign="c", limits=limits), Identity.generate(),
-                   LedgerFacts(ledgers[0]))  # fmt: skip
+    a, ledgers = _node_with(Limits(max_conn_streams=5, target_peers=0), homes)
     seen: dict = {}
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(a.run)
-            await a.printed.wait()
-            config = GossipConfig(home=homes[1], campaign="c", bootstrap=a.addrs[:1])
-            b = GossipNode(config, Identity.generate(), LedgerFacts(ledgers[1]))
-            nursery.start_soon(b.run)
-            with trio.fail_after(30):
-                while b.peer_id not in _connected(a) or not a.counts["streams_open_most"]:
-                    await trio.sleep(0.1)
-            await trio.sleep(1)  # their first exchanges are over
-            seen["before"] = dict(a.counts)
-            streams = []
-            for protocol in (FETCH, FETCH, PEERS, PEERS, SYNC, SYNC):  # opened, never written to
-                with contextlib.suppress(Exception):  # reset by `a` as it agreed the protocol
-                    streams.append(await b.host.new_stream(ID.from_base58(a.peer_id), [protocol]))
-            await trio.sleep(1)
-            seen["after"] = dict(a.counts)
-            for stream in streams:
-                await stream.reset()
-            nursery.cancel_scope.cancel()
+    async def hold_streams(nursery: trio.Nursery) -> None:
+        b = _dialer(homes[1], ledgers[1], a)
+        nursery.start_soon(b.run)
+        with trio.fail_after(30):
+            while b.peer_id not in _connected(a) or not a.counts["streams_open_most"]:
+                await trio.sleep(0.1)
+        await trio.sleep(1)  # their first exchanges are over
+        seen["before"] = dict(a.counts)
+        streams = []
+        for protocol in (FETCH, FETCH, PEERS, PEERS, SYNC, SYNC):  # opened, never written to
+            with contextlib.suppress(Exception):  # reset by `a` as it agreed the protocol
+                streams.append(await b.host.new_stream(ID.from_base58(a.peer_id), [protocol]))
+        await trio.sleep(1)
+        seen["after"] = dict(a.counts)
+        for stream in streams:
+            await stream.reset()
 
-    try:
-        trio.run(main)
-    finally:
-        for ledger in ledgers:
-            ledger.close()
+    _run_beside(a, ledgers, hold_streams)
     before, after = seen["before"], seen["after"]
     assert after["streams_open_most"] == 5, after  # reached, never passed
     assert after["streams_refused"] > before["streams_refused"], (before, after)
