@@ -282,3 +282,35 @@ def test_streams_over_the_connection_cap_are_refused_whatever_their_protocol(
     before, after = seen["before"], seen["after"]
     assert after["streams_open_most"] == 5, after  # reached, never passed
     assert after["streams_refused"] > before["streams_refused"], (before, after)
+
+
+def test_a_node_asking_a_peer_many_times_at_once_opens_one_stream_a_kind_and_is_never_refused(
+    tmp_path: Path,
+) -> None:
+    """A busy peer answers slowly, so the syncs and peer exchanges a node starts on a timer can
+    overlap; a third stream of one protocol at once is refused and counted against the asker
+    (an honest verifier was once "watched" for it). Asked eight times at once, each kind goes
+    once and the rest wait for the next round (without that, 12 of the 16 were refused)."""
+    from node.gossip import protocols
+
+    homes = [tmp_path / "a", tmp_path / "b"]
+    a, ledgers = _node_with(Limits(target_peers=0), homes)
+    seen: dict = {}
+
+    async def ask_at_once(nursery: trio.Nursery) -> None:
+        b = _dialer(homes[1], ledgers[1], a)
+        nursery.start_soon(b.run)
+        with trio.fail_after(30):
+            while b.peer_id not in _connected(a) or not a.counts["streams_open_most"]:
+                await trio.sleep(0.1)
+        await trio.sleep(1)  # their first exchanges are over
+        seen["before"] = dict(a.counts)
+        async with trio.open_nursery() as asks:
+            for exchange in [protocols.sync_with, protocols.exchange_peers] * 8:
+                asks.start_soon(exchange, b, a.peer_id)
+        seen["after"], seen["left"] = dict(a.counts), set(b.asking)
+
+    _run_beside(a, ledgers, ask_at_once)
+    before, after = seen["before"], seen["after"]
+    assert after["streams_refused"] == before["streams_refused"] == 0, (before, after)
+    assert not seen["left"]

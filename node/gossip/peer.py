@@ -113,6 +113,8 @@ class GossipNode:
         self.banned: set[str] = set()  # of those, banned for refused messages: facts dropped
         self._offences: dict[tuple[str, str], int] = {}  # not yet taken by the node
         self._offences_lock = threading.Lock()
+        # (peer, exchange) under way from us: `protocols` starts one of each at a time with a peer
+        self.asking: set[tuple[str, str]] = set()
         self._outbox: queue.SimpleQueue[bytes] = queue.SimpleQueue()  # this node's own facts
         self.addrs: list[str] = []
         self.host: Any = None

@@ -6,9 +6,11 @@ a peer's mistake escape: anything unexpected ends that one stream and costs the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -97,6 +99,29 @@ def _valid_want(value: Any) -> list[int]:
     return value
 
 
+def _one_at_a_time(
+    exchange: Callable[[GossipNode, str], Awaitable[int]],
+) -> Callable[[GossipNode, str], Awaitable[int]]:
+    """`exchange(node, peer)`, skipped (0) while one of its kind with `peer` is under way: a peer
+    refuses a third stream of one protocol at once (`Limits.max_streams`) and counts it against
+    us, and a stream we ended may still be closing on its side. Those we start are periodic (a
+    resync, a peer exchange): a skipped one comes again."""
+
+    @functools.wraps(exchange)
+    async def run(node: GossipNode, peer: str) -> int:
+        key = (peer, exchange.__name__)
+        if key in node.asking:
+            return 0
+        node.asking.add(key)
+        try:
+            return await exchange(node, peer)
+        finally:
+            node.asking.discard(key)
+
+    return run
+
+
+@_one_at_a_time
 async def sync_with(node: GossipNode, peer: str) -> int:
     """Ask `peer` for the facts we lack; returns how many were new. Our head goes in two
     rounds: its bin digests (`wire.head_bins`, 2 KB), then the per-author entries of the bins
@@ -185,6 +210,7 @@ def _clean_addrs(value: Any) -> list[str]:
     return out[:8]
 
 
+@_one_at_a_time
 async def exchange_peers(node: GossipNode, peer: str) -> int:
     """Tell `peer` where we listen and learn the peers it is connected to; returns how many."""
     learned = 0
