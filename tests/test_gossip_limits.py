@@ -151,7 +151,7 @@ class _Stream:
 
 class _Asker:
     """What `protocols.fetch` and `protocols.sync_with` use of a node: its limits, its facts'
-    holdings, and the two ways a peer's answer is charged."""
+    holdings, its exchanges under way, and the two ways a peer's answer is charged."""
 
     def __init__(self) -> None:
         from types import SimpleNamespace
@@ -159,6 +159,7 @@ class _Asker:
         self.limits, self.charged, self.counts = Limits(), [], {"synced": 0}
         self.config = SimpleNamespace(campaign=CAMPAIGN)
         self.facts = SimpleNamespace(holdings=dict)
+        self.asking: set[tuple[str, str]] = set()
 
     def bad_fetch(self, peer: str, what: str) -> None:
         self.charged.append(("bad_fetch", what))
