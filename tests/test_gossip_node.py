@@ -206,6 +206,18 @@ def _dialer(home: Path, ledger: Ledger, to: GossipNode) -> GossipNode:
     return GossipNode(config, Identity.generate(), LedgerFacts(ledger))
 
 
+async def _met(home: Path, ledger: Ledger, a: GossipNode, nursery: trio.Nursery) -> GossipNode:
+    """A node in `home`, started in `nursery`, once `a` holds it connected and their first
+    exchanges are over."""
+    b = _dialer(home, ledger, a)
+    nursery.start_soon(b.run)
+    with trio.fail_after(30):
+        while b.peer_id not in _connected(a) or not a.counts["streams_open_most"]:
+            await trio.sleep(0.1)
+    await trio.sleep(1)
+    return b
+
+
 def _run_beside(a: GossipNode, ledgers: list[Ledger], body: Any) -> None:
     """Run node `a` and, once it printed its address, `await body(nursery)`; then stop them and
     close the `ledgers`."""
@@ -262,12 +274,7 @@ def test_streams_over_the_connection_cap_are_refused_whatever_their_protocol(
     seen: dict = {}
 
     async def hold_streams(nursery: trio.Nursery) -> None:
-        b = _dialer(homes[1], ledgers[1], a)
-        nursery.start_soon(b.run)
-        with trio.fail_after(30):
-            while b.peer_id not in _connected(a) or not a.counts["streams_open_most"]:
-                await trio.sleep(0.1)
-        await trio.sleep(1)  # their first exchanges are over
+        b = await _met(homes[1], ledgers[1], a, nursery)
         seen["before"] = dict(a.counts)
         streams = []
         for protocol in (FETCH, FETCH, PEERS, PEERS, SYNC, SYNC):  # opened, never written to
@@ -298,12 +305,7 @@ def test_a_node_asking_a_peer_many_times_at_once_opens_one_stream_a_kind_and_is_
     seen: dict = {}
 
     async def ask_at_once(nursery: trio.Nursery) -> None:
-        b = _dialer(homes[1], ledgers[1], a)
-        nursery.start_soon(b.run)
-        with trio.fail_after(30):
-            while b.peer_id not in _connected(a) or not a.counts["streams_open_most"]:
-                await trio.sleep(0.1)
-        await trio.sleep(1)  # their first exchanges are over
+        b = await _met(homes[1], ledgers[1], a, nursery)
         seen["before"] = dict(a.counts)
         async with trio.open_nursery() as asks:
             for exchange in [protocols.sync_with, protocols.exchange_peers] * 8:
