@@ -3,6 +3,7 @@ against a real HTTP server on 127.0.0.1 that speaks the OpenAI chat-completions 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -400,10 +401,18 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
         assert states[worse.id] == "refuted", states
         context = context_from_ledger(book, NARROW_SOFTCAP, "test")
         assert context.lineage == () and context.refuted == ()  # no verified way leads there
+        # A claim being judged, researched ahead of: the way goes on through its parent.
+        _claim(book, carol, NARROW, NARROW_SOFTCAP, 0.01, "softer, narrow")
+        ahead = context_from_ledger(book, NARROW_SOFTCAP, "test")
+        assert [s.description for s in ahead.lineage] == ["a win"]  # no step of its own
+        assert {a.description for a in ahead.earlier} == {
+            "softer, narrow", "a win", "Logit softcap 30"
+        }  # fmt: skip
         context = context_from_ledger(book, NARROW, "test")
     # What was measured on the baseline, on the way here, is evidence for the proposers too.
     assert {a.description for a in context.earlier} == {"a win", "Logit softcap 30"}
-    assert all(a.paired for a in context.earlier) and context.history == ()
+    assert all(a.paired for a in context.earlier)
+    assert [a.description for a in context.history] == ["softer, narrow"]
     (step,) = context.lineage
     assert step.description == "a win" and step.by == alice.peer_id and step.seeds >= 3
     assert step.gain == pytest.approx(0.05, abs=0.01) and step.se >= 0
@@ -500,6 +509,51 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
     context = Context(BASELINE, PROGRAM, "test", lineage=(won,), history=(worse,))
     first_pair = next(d for d, _ in OfflineProposer(0)._ordered(context) if "; " in d)
     assert "MATRIX_LR" in first_pair and "HEAD_LR" in first_pair
+
+
+def test_the_changes_measured_better_than_noise_are_proposed_together_first():
+    """After a round of single changes, those whose pooled paired runs beat no change by more
+    than SURE standard errors (any node's, on this parent or on the way here) are proposed
+    first as one change: the better measured step of each constant, of two edits of one line
+    the better. Inside the noise, measured worse, or never measured as it stands: left out."""
+    from node.agent.offline import SURE, combination
+
+    sigma = 0.002
+
+    def tried(description: str, *paired: float) -> Attempt:
+        return Attempt(description, "keep", None, f"h {description}", "12D3KooWpeer", paired)
+
+    cosine, floor = "Cosine warmdown instead of a linear one", "Learning rate falls to 10%"
+    floor += " of its peak, not to zero"
+    history = (
+        tried("HEAD_LR 0.004 -> 0.0056", -0.008, -0.007),  # 5 sigmas of the mean of two
+        tried("HEAD_LR 0.004 -> 0.008", -0.005, -0.006),  # the same constant, less: out
+        tried(cosine, -0.009),  # an edit, one seed, 4.5 sigmas
+        tried(floor, -0.006),  # another edit of the same line, less: out
+        tried("EMBED_LR 0.3 -> 0.42", -0.001, -0.002),  # 1.1 sigmas: inside the noise
+        tried("MATRIX_LR 0.02 -> 0.01", 0.01, 0.012),  # worse; its opposite, never run: out
+    )
+    earlier = (tried("WARMDOWN 0.4 -> 0.56", -0.006, -0.004),)  # on the way here, 3.5 sigmas
+    context = Context(BASELINE, PROGRAM, "test", history=history, earlier=earlier, sigma=sigma)
+    proposal = OfflineProposer(0).propose(context)
+    parts = [cosine, "HEAD_LR 0.004 -> 0.0056", "WARMDOWN 0.4 -> 0.56"]
+    assert proposal.description == "; ".join(sorted(parts))
+    singles = dict(OfflineProposer(0).candidates(BASELINE, "test"))
+    for part in parts:  # each part's change is in the combination, as that change alone makes it
+        (line,) = set(singles[part].split("\n")) - set(BASELINE.split("\n"))
+        assert line in proposal.source.split("\n")
+    changed = set(proposal.source.split("\n")) - set(BASELINE.split("\n"))
+    assert len(changed) == 3 and policy.check_source(proposal.source) == []
+    # one edge of SURE: the mean of two pairs just past it joins, just inside it does not
+    edge = SURE * sigma / 2**0.5
+    for beyond, joins in ((1.01, True), (0.99, False)):
+        near = tried("EMBED_LR 0.3 -> 0.42", -edge * beyond, -edge * beyond)
+        found = combination(dataclasses.replace(context, history=(*history[:4], history[5], near)))
+        assert found is not None and ("EMBED_LR 0.3 -> 0.42" in found[0]) is joins
+    # one favoured change alone is no combination: its own single proposal is first
+    alone = Context(BASELINE, PROGRAM, "test", history=history[:1], sigma=sigma)
+    assert combination(alone) is None
+    assert "; " not in OfflineProposer(0).propose(alone).description
 
 
 def test_a_difference_inside_the_nodes_noise_is_no_lead():

@@ -13,7 +13,7 @@ from node import wire
 from node.agent.researcher import Researcher
 from node.simulation import Settings, Simulation
 from node.simulation import landscape as land
-from node.simulation.provenance import carries, origins
+from node.simulation.provenance import carries, finders, origins
 from node.simulation.study import figures
 
 EASY = 0.0025  # bpb: a target two or three ideas away, for swarms the tests can afford
@@ -162,6 +162,17 @@ def test_a_merge_or_a_bundle_in_a_lineage_counts_for_the_authors_of_the_changes_
         # an adversary's claim carried by an honest merge or bundle is a fake in the lineage
         assert carries(sim.made_by, bundle, {"r4"}) and carries(sim.made_by, again, {"r1"})
         assert not carries(sim.made_by, merged, {"r4"}) and not carries(sim.made_by, other, {"r1"})
+        # a combination of single changes counts for whoever measured each one first, merged
+        # or not; a part nobody measured alone, for the combination's author
+        found = {"idea 7 on": "slow", "idea 9 on": "other"}
+        together = {"id": "r6", "author": "fast", "child": "56" * 32,
+                    "description": "idea 7 on; idea 9 on; idea 11 on"}  # fmt: skip
+        sim.made_by[together["child"]] = together
+        onto = {"id": "r7", "author": "other", "child": "78" * 32,
+                "description": f"merge of {'56' * 6}: idea 7 on; idea 9 on; idea 11 on"}  # fmt: skip
+        assert finders(sim.made_by, found, together) == ["slow", "other", "fast"]
+        assert finders(sim.made_by, found, onto) == ["slow", "other", "fast"]
+        assert finders(sim.made_by, found, bundle) == ["slow", "fast"]
     finally:
         sim.close()
 

@@ -16,7 +16,7 @@ import math
 import random
 import re
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from node.agent.errors import PatchError, ProposalRefused
@@ -206,6 +206,35 @@ def _with_lines(source: str, steps: tuple[_Step, ...]) -> str:
     return "\n".join(lines)
 
 
+Part = _Step | tuple[str, str]  # a step of a constant, or a known edit (its text, replaced)
+
+
+def single_changes(source: str, profile: str | None = None) -> dict[str, Part]:
+    """Each single change the proposer knows on `source`, by its description: the known edits
+    whose text occurs once, then the steps of its constants (and with `profile`, of that
+    profile's model-size row)."""
+    out: dict[str, Part] = {d: (old, new) for d, old, new in KNOWN_EDITS if source.count(old) == 1}
+    steps = hyperparameter_steps(source, profile) + (
+        profile_steps(source, profile) if profile else []
+    )
+    return out | {s.description: s for s in steps}
+
+
+def _combined(source: str, parts: list[Part]) -> str | None:
+    """`source` with every part applied, steps first (by line), then edits (by text); None when
+    two touch one line, or an edit's text is gone or another edit changed what it wrote."""
+    steps = [p for p in parts if isinstance(p, _Step)]
+    edits = [p for p in parts if not isinstance(p, _Step)]
+    if len({s.line for s in steps}) < len(steps):
+        return None
+    text = _with_lines(source, tuple(steps))
+    for old, new in edits:
+        if text.count(old) != 1:
+            return None
+        text = text.replace(old, new)
+    return text if all(new in text for _, new in edits) else None
+
+
 @functools.lru_cache(maxsize=4096)
 def _change_hash(parent: str, child: str) -> str:
     return change_hash(parent, child)
@@ -368,6 +397,39 @@ def _spread(looks: list[tuple[float, float]], sigma: float) -> float:
     return max(square, (LEAST_SPREAD * sigma) ** 2) ** 0.5
 
 
+SURE = 2.0  # a change joins a combination when its paired runs beat no change by this many sds
+
+
+def combination(context: Context) -> tuple[str, str] | None:
+    """(description, child source) of the single changes that measured better than no change
+    on this parent and on the way here, beyond noise (their paired differences, pooled, at least
+    SURE standard errors below zero), all at once: what a planner runs after a round of single
+    changes, so that wins found side by side move the head as one step. Only changes measured
+    as they stand (a step of a constant from its value here, an edit), the best measured first,
+    one change of each constant; None unless two or more."""
+    singles = single_changes(context.train_py, context.profile)
+    looks: dict[str, list[float]] = {}
+    for attempt in (*context.history, *context.earlier):
+        if attempt.description in singles:
+            looks.setdefault(attempt.description, []).extend(attempt.paired)
+    sigma = sigma_of(context)
+    favoured = sorted(
+        (statistics.fmean(paired), d) for d, paired in looks.items()
+        if paired and statistics.fmean(paired) * len(paired) ** 0.5 < -SURE * sigma
+    )  # fmt: skip
+    chosen: dict[str, Part] = {}
+    for _, description in favoured:
+        part = singles[description]
+        if (isinstance(part, _Step) and any(
+            isinstance(p, _Step) and p.name == part.name for p in chosen.values()
+        )) or _combined(context.train_py, [*chosen.values(), part]) is None:  # fmt: skip
+            continue
+        chosen[description] = part
+    if len(chosen) < 2:
+        return None
+    return "; ".join(sorted(chosen)), _combined(context.train_py, list(chosen.values()))
+
+
 def share_of(change: str, peers: frozenset[str] | set[str]) -> str | None:
     """The peer whose share a change is: the one of `peers` that ranks it first by sha256 of
     its id and the change's hash (rendezvous hashing). Every node computes the same from the same
@@ -400,17 +462,12 @@ class OfflineProposer:
         """(description, child source) in this seed's order for this parent; may not compile.
         With `profile`, the model size and batch of that profile's row are stepped too."""
         rng = random.Random(f"{self.seed}:{hashlib.sha256(source.encode()).hexdigest()}")
-        steps = hyperparameter_steps(source, profile) + (
-            profile_steps(source, profile) if profile else []
-        )
-        singles: list[tuple[str, Callable[[], str]]] = [
-            (d, lambda old=old, new=new: source.replace(old, new))
-            for d, old, new in KNOWN_EDITS if source.count(old) == 1
-        ]  # fmt: skip
-        singles += [(s.description, lambda s=s: _with_lines(source, (s,))) for s in steps]
+        known = single_changes(source, profile)
+        singles = list(known.items())
         rng.shuffle(singles)
-        for description, make in singles:
-            yield description, make()
+        for description, part in singles:
+            yield description, _combined(source, [part])
+        steps = [part for part in known.values() if isinstance(part, _Step)]
         pairs = [(a, b) for a, b in itertools.combinations(steps, 2) if a.name != b.name]
         rng.shuffle(pairs)
         for a, b in pairs[:MAX_PAIRS]:
@@ -423,12 +480,16 @@ class OfflineProposer:
         before pairs within each; then by what the swarm's evidence, with its uncertainty, says
         the change may do at best (`beliefs`, `Belief.score`; a pair, its two moves' sum); ties
         (moves of one prior, unmeasured) in the seed's order."""
-        candidates = self.candidates(context.train_py, context.profile)
-        peers = context.active | {context.me} if context.me else frozenset()
         known = beliefs(context)
+        together = combination(context)
+        candidates = [*([together] if together else []),
+                      *self.candidates(context.train_py, context.profile)]  # fmt: skip
+        peers = context.active | {context.me} if context.me else frozenset()
 
         def place(item: tuple[int, tuple[str, str]]) -> tuple[bool, bool, float, int]:
             index, (description, child) = item
+            if index == 0 and together:  # everyone's: it changes as evidence comes in
+                return False, False, known.of(description).score, index
             theirs = bool(peers) and (
                 share_of(_change_hash(context.train_py, child), peers) != context.me
             )

@@ -171,6 +171,16 @@ def judged_on_the_way(
             "AND c.profile = ? AND c.state = 'verified' ORDER BY c.gain DESC, c.id LIMIT 1",
             (current, profile),
         )
+        if not rows and current == version:  # a claim being judged, researched ahead of: the
+            ahead = ledger.rows(  # way goes on through its parent, with no step of its own
+                "SELECT parent FROM claims WHERE child = ? AND profile = ? AND state IN ('open', 'held') "
+                "ORDER BY id LIMIT 1",
+                (current, profile),
+            )
+            if ahead and ahead[0]["parent"] not in versions:
+                current = ahead[0]["parent"]
+                versions.append(current)
+                continue
         if not rows or rows[0]["parent"] in versions:  # the baseline, or a loop
             break
         steps.append(_judged(rows[0]))

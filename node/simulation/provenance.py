@@ -37,6 +37,20 @@ def origins(made_by: Mapping[str, dict], result: dict, seen: frozenset = frozens
     return found
 
 
+def finders(made_by: Mapping[str, dict], found_by: Mapping[str, str], result: dict) -> list[str]:
+    """Who found each change `result` carries (`origins`): its author, but for a combination
+    of single changes ("A; B; ..."), each to the node that first measured it alone
+    (`found_by`: description -> peer id), or to the combination's author if nobody did."""
+    out = []
+    for origin in origins(made_by, result):
+        parts = origin["description"].split("; ")
+        if len(parts) == 1 or carried(origin["description"]):
+            out.append(origin["author"])
+        else:
+            out += [found_by.get(part, origin["author"]) for part in parts]
+    return out
+
+
 def carries(made_by: Mapping[str, dict], result: dict, ids: Collection[str]) -> bool:
     """Whether `result` is one of the results `ids` (an adversary's claims, say) or carries one:
     a merge or a bundle of a version such a result made, however honest its own author."""

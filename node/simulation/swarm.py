@@ -127,6 +127,7 @@ class Simulation:
         self.sources: dict[str, bytes] = {self.baseline: self.landscape.baseline.encode()}
         # version -> the kept result that made it: the first honest one, else the first
         self.made_by: dict[str, dict] = {}
+        self.found_by: dict[str, str] = {}  # a single change's description: who measured it first
         self.head_bytes = head_size(s.nodes)
         self.authors_per_bin = [0] * wire.HEAD_BINS
         for n in self.nodes:
@@ -163,6 +164,9 @@ class Simulation:
                 version = fact.body[role]
                 if version not in self.sources:
                     self.sources[version] = node.ledger.version(version) or b""
+            # who first measured each single change: a combination's parts are theirs
+            if "; " not in fact.body["description"]:
+                self.found_by.setdefault(fact.body["description"], fact.peer_id)
             if fact.body["outcome"] == "keep":
                 child, made = (
                     fact.body["child"],
@@ -412,6 +416,7 @@ class Simulation:
         adversaries = {peer for peer, role in self.role_of.items() if role in ADVERSARIES}
         shares = provenance.head_shares(self.made_by, held, adversaries, self.fakes)
         hours = self.t_local if self.lone else self.t_target
+        finders = [a for r in steps for a in provenance.finders(self.made_by, self.found_by, r)]
         return {
             "settings": asdict(s),
             "hours_to_target": None if hours is None else hours / 3600,
@@ -430,11 +435,9 @@ class Simulation:
                 sum(self.fast_of[r["author"]] for r in steps) / len(steps) if steps else None
             ),  # fmt: skip
             # the same, counted by change: a merge for the author of the change it carries, a
-            # bundle for those of each of its changes
+            # bundle for those of each of its changes, a combination for who found each of its
             "fast_share_of_changes": (
-                sum(self.fast_of[o["author"]] for o in changes) / len(changes)
-                if (changes := [o for r in steps for o in provenance.origins(self.made_by, r)])
-                else None
+                sum(self.fast_of[a] for a in finders) / len(finders) if finders else None
             ),
             "fast_share_of_research_runs": self.research_runs_fast / research,
             "liar_head_share": shares["adversary_made"] if s.liars else 0.0,
