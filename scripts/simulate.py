@@ -156,7 +156,8 @@ def _text(out: dict) -> str:
         f"{out['fakes_in_final_lineage']} by adversaries"
         f"{' (seeds ' + ', '.join(map(str, out['fake_seeds'])) + ')' if out['fake_seeds'] else ''}"
         f", {out['false_steps_in_final_lineage']} "
-        f"of no true gain; mean final gain {out['final_head_gain']:.4f} bpb; "
+        f"of no true gain, {out['adversary_changes_in_final_lineage']} change(s) in them an "
+        f"adversary measured first; mean final gain {out['final_head_gain']:.4f} bpb; "
         f"{out['targets_revoked']} head(s) at the target revoked, research went on",
         f"  honest nodes' time on a liar's head: {out['liar_head_share']['mean']:.1%} "
         f"(max {out['liar_head_share']['max']:.1%}); on a head with an adversary's claim in "

@@ -550,6 +550,12 @@ def test_the_changes_measured_better_than_noise_are_proposed_together_first():
         near = tried("EMBED_LR 0.3 -> 0.42", -edge * beyond, -edge * beyond)
         found = combination(dataclasses.replace(context, history=(*history[:4], history[5], near)))
         assert found is not None and ("EMBED_LR 0.3 -> 0.42" in found[0]) is joins
+    # a change its looks refuted on the way here is out, whatever its author's numbers said
+    from node.agent.proposers import Judged
+
+    lied = Judged("WARMDOWN 0.4 -> 0.56", -0.004, 0.002, 3, "12D3KooWpeer")
+    found = combination(dataclasses.replace(context, refuted=(lied,)))
+    assert found is not None and found[0] == f"{cosine}; HEAD_LR 0.004 -> 0.0056"
     # one favoured change alone is no combination: its own single proposal is first
     alone = Context(BASELINE, PROGRAM, "test", history=history[:1], sigma=sigma)
     assert combination(alone) is None

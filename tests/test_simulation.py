@@ -119,7 +119,7 @@ def test_the_study_reports_medians_intervals_and_unreached_seeds():
     def summary(hours, fakes=0):
         return {"hours_to_target": hours, "fakes_in_final_lineage": fakes,
                 "false_steps_in_final_lineage": 0, "lineage_steps": 3, "targets_revoked": 1,
-                "liar_head_share": 0.0,
+                "adversary_changes_in_final_lineage": fakes, "liar_head_share": 0.0,
                 "fake_head_share": 0.0, "fast_share_of_lineage": None,
                 "fast_share_of_research_runs": 0.5, "final_head_gain": 0.003, "all_agree": True,
                 "runs_by_purpose": {"research": 10}, "settings": {"fast_hardware": 0.0}}  # fmt: skip
@@ -132,6 +132,7 @@ def test_the_study_reports_medians_intervals_and_unreached_seeds():
     out = figures(runs, seeds)
     assert out["median_hours"] == 4 and out["seeds_reaching_target"] == 4
     assert out["fake_seeds"] == [3] and out["seeds_with_fake_in_final_lineage"] == 1
+    assert out["adversary_changes_in_final_lineage"] == 1
     assert out["trusting_median_hours"] == 3
     assert out["verification_cost"]["value"] == pytest.approx(4 / 3 - 1)
     assert out["speedup_vs_lone_swarm_rule"]["value"] == 10

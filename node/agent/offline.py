@@ -405,12 +405,14 @@ def combination(context: Context) -> tuple[str, str] | None:
     on this parent and on the way here, beyond noise (their paired differences, pooled, at least
     SURE standard errors below zero), all at once: what a planner runs after a round of single
     changes, so that wins found side by side move the head as one step. Only changes measured
-    as they stand (a step of a constant from its value here, an edit), the best measured first,
-    one change of each constant; None unless two or more."""
+    as they stand (a step of a constant from its value here, an edit) and not refuted on the
+    way here (looks that contradict their author's numbers), the best measured first, one change
+    of each constant; None unless two or more."""
     singles = single_changes(context.train_py, context.profile)
+    refuted = {j.description for j in context.refuted}  # its author's numbers, looked at again
     looks: dict[str, list[float]] = {}
     for attempt in (*context.history, *context.earlier):
-        if attempt.description in singles:
+        if attempt.description in singles and attempt.description not in refuted:
             looks.setdefault(attempt.description, []).extend(attempt.paired)
     sigma = sigma_of(context)
     favoured = sorted(

@@ -107,6 +107,9 @@ def figures(runs: dict[str, dict[int, dict]], seeds: Sequence[int]) -> dict:
     out["seeds_with_fake_in_final_lineage"] = sum(r["fakes_in_final_lineage"] > 0 for r in swarm)
     out["fake_seeds"] = [s for s in seeds if runs["swarm"][s]["fakes_in_final_lineage"]]
     out["false_steps_in_final_lineage"] = sum(r["false_steps_in_final_lineage"] for r in swarm)
+    out["adversary_changes_in_final_lineage"] = sum(
+        r["adversary_changes_in_final_lineage"] for r in swarm
+    )
     out["lineage_steps"] = sum(r["lineage_steps"] for r in swarm)
     out["targets_revoked"] = sum(r["targets_revoked"] for r in swarm)
     for key in ("liar_head_share", "fake_head_share"):

@@ -431,6 +431,8 @@ class Simulation:
                 provenance.carries(self.made_by, r, self.fakes) for r in steps
             ),
             "false_steps_in_final_lineage": sum(g <= 0 for g in gains),
+            # changes in it an adversary measured first: its claims, or parts of combinations
+            "adversary_changes_in_final_lineage": sum(a in adversaries for a in finders),
             "fast_share_of_lineage": (
                 sum(self.fast_of[r["author"]] for r in steps) / len(steps) if steps else None
             ),  # fmt: skip
