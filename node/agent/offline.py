@@ -397,7 +397,7 @@ def _spread(looks: list[tuple[float, float]], sigma: float) -> float:
     return max(square, (LEAST_SPREAD * sigma) ** 2) ** 0.5
 
 
-SURE = 2.0  # a change joins a combination when its paired runs beat no change by this many sds
+SURE = 1.5  # a change joins a combination when its paired runs beat no change by this many sds
 
 
 def combination(context: Context) -> tuple[str, str] | None:
