@@ -174,6 +174,8 @@ def test_a_merge_or_a_bundle_in_a_lineage_counts_for_the_authors_of_the_changes_
         assert finders(sim.made_by, found, together) == ["slow", "other", "fast"]
         assert finders(sim.made_by, found, onto) == ["slow", "other", "fast"]
         assert finders(sim.made_by, found, bundle) == ["slow", "fast"]
+        cut = {**together, "id": "r8", "description": "idea 11 on; idea 7 on; idea 9…"}
+        assert finders(sim.made_by, found, cut) == ["fast", "slow", "other"]
     finally:
         sim.close()
 
