@@ -412,6 +412,10 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
     # What was measured on the baseline, on the way here, is evidence for the proposers too.
     assert {a.description for a in context.earlier} == {"a win", "Logit softcap 30"}
     assert all(a.paired for a in context.earlier)
+    judged = {a.description: a.judged for a in context.earlier}  # each claim as judged so far
+    assert judged["Logit softcap 30"][0] == "refuted" and judged["Logit softcap 30"][1] < 0
+    assert judged["a win"][0] == "verified" and judged["a win"][1] == pytest.approx(0.05, abs=0.01)
+    assert context.history[0].judged == ("open", None, None)  # no look at it yet
     assert [a.description for a in context.history] == ["softer, narrow"]
     (step,) = context.lineage
     assert step.description == "a win" and step.by == alice.peer_id and step.seeds >= 3
@@ -512,10 +516,11 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
 
 
 def test_the_changes_measured_better_than_noise_are_proposed_together_first():
-    """After a round of single changes, those whose pooled paired runs beat no change by more
+    """After a round of single changes, those whose pooled measurements beat no change by more
     than SURE standard errors (any node's, on this parent or on the way here) are proposed
     first as one change: the better measured step of each constant, of two edits of one line
-    the better. Inside the noise, measured worse, or never measured as it stands: left out."""
+    the better. Inside the noise, measured worse, never measured as it stands, or refuted by
+    the looks at it: left out."""
     from node.agent.offline import SURE, combination
 
     sigma = 0.002
@@ -550,12 +555,15 @@ def test_the_changes_measured_better_than_noise_are_proposed_together_first():
         near = tried("EMBED_LR 0.3 -> 0.42", -edge * beyond, -edge * beyond)
         found = combination(dataclasses.replace(context, history=(*history[:4], history[5], near)))
         assert found is not None and ("EMBED_LR 0.3 -> 0.42" in found[0]) is joins
-    # a change its looks refuted on the way here is out, whatever its author's numbers said
-    from node.agent.proposers import Judged
-
-    lied = Judged("WARMDOWN 0.4 -> 0.56", -0.004, 0.002, 3, "12D3KooWpeer")
-    found = combination(dataclasses.replace(context, refuted=(lied,)))
-    assert found is not None and found[0] == f"{cosine}; HEAD_LR 0.004 -> 0.0056"
+    # A kept one that others looked at counts by their looks, not by its author's numbers: a
+    # claim refuted (or left unproven) is out, one the looks put inside the noise too.
+    for judged in (("refuted", -0.001, 0.002), ("unproven", None, None), ("open", 0.002, 0.0015)):
+        lied = dataclasses.replace(earlier[0], judged=judged)
+        found = combination(dataclasses.replace(context, earlier=(lied,)))
+        assert found is not None and found[0] == f"{cosine}; HEAD_LR 0.004 -> 0.0056", judged
+    backed = dataclasses.replace(earlier[0], paired=(0.001,), judged=("verified", 0.005, 0.001))
+    found = combination(dataclasses.replace(context, earlier=(backed,)))
+    assert found is not None and "WARMDOWN 0.4 -> 0.56" in found[0]
     # one favoured change alone is no combination: its own single proposal is first
     alone = Context(BASELINE, PROGRAM, "test", history=history[:1], sigma=sigma)
     assert combination(alone) is None

@@ -402,23 +402,32 @@ SURE = 1.5  # a change joins a combination when its paired runs beat no change b
 
 def combination(context: Context) -> tuple[str, str] | None:
     """(description, child source) of the single changes that measured better than no change
-    on this parent and on the way here, beyond noise (their paired differences, pooled, at least
-    SURE standard errors below zero), all at once: what a planner runs after a round of single
-    changes, so that wins found side by side move the head as one step. Only changes measured
-    as they stand (a step of a constant from its value here, an edit) and not refuted on the
-    way here (looks that contradict their author's numbers), the best measured first, one change
+    on this parent and on the way here, beyond noise, all at once: what a planner runs after a
+    round of single changes, so that wins found side by side move the head as one step.
+
+    Each change's measurements, by any node, pooled by their weights: the paired differences
+    of a result (sigma^2 each), but for a kept one that others looked at, its looks' pooled
+    gain and standard error instead of its author's numbers; a change goes in when the pooled
+    mean beats zero by more than SURE standard errors. A change refuted or left unproven
+    anywhere on the way stays out, whatever else was measured of it. Only changes measured as
+    they stand (a step of a constant from its value here, an edit), the best first, one change
     of each constant; None unless two or more."""
     singles = single_changes(context.train_py, context.profile)
-    refuted = {j.description for j in context.refuted}  # its author's numbers, looked at again
-    looks: dict[str, list[float]] = {}
-    for attempt in (*context.history, *context.earlier):
-        if attempt.description in singles and attempt.description not in refuted:
-            looks.setdefault(attempt.description, []).extend(attempt.paired)
     sigma = sigma_of(context)
-    favoured = sorted(
-        (statistics.fmean(paired), d) for d, paired in looks.items()
-        if paired and statistics.fmean(paired) * len(paired) ** 0.5 < -SURE * sigma
-    )  # fmt: skip
+    looks: dict[str, list[tuple[float, float]]] = {}  # description: (value, its variance)
+    out: set[str] = set()
+    for attempt in (*context.history, *context.earlier):
+        if attempt.description not in singles:
+            continue
+        state, gain, se = attempt.judged or ("", None, None)
+        if state in ("refuted", "unproven"):
+            out.add(attempt.description)
+        elif gain is not None and se:
+            looks.setdefault(attempt.description, []).append((-gain, se**2))
+        else:
+            looks.setdefault(attempt.description, []).extend((v, sigma**2) for v in attempt.paired)
+    pooled = {d: _pooled(measured) for d, measured in looks.items() if measured and d not in out}
+    favoured = sorted((mean, d) for d, (mean, se) in pooled.items() if mean < -SURE * se)
     chosen: dict[str, Part] = {}
     for _, description in favoured:
         part = singles[description]
@@ -430,6 +439,12 @@ def combination(context: Context) -> tuple[str, str] | None:
     if len(chosen) < 2:
         return None
     return "; ".join(sorted(chosen)), _combined(context.train_py, list(chosen.values()))
+
+
+def _pooled(looks: list[tuple[float, float]]) -> tuple[float, float]:
+    """The inverse-variance mean of measurements (value, variance) and its standard error."""
+    weight = sum(1 / var for _, var in looks)
+    return sum(v / var for v, var in looks) / weight, weight**-0.5
 
 
 def share_of(change: str, peers: frozenset[str] | set[str]) -> str | None:

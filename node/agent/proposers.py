@@ -32,6 +32,8 @@ class Attempt:
     diff_hash: str
     by: str = "a peer"  # "this node" or a peer id
     paired: tuple[float, ...] = ()  # child minus parent on each seed its author ran both on
+    # a kept one's judgement so far: (state, the looks' pooled gain or None, its standard error)
+    judged: tuple[str, float | None, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,26 @@ def _paired(result: dict) -> tuple[float, ...]:
         return ()
 
 
+def _attempts_from(ledger: Ledger) -> str:
+    """The columns of a result an Attempt reads, with its claim's judgement (none before the
+    ledger kept judgements, schema 3), and the tables: `SELECT {this} WHERE ...`."""
+    columns = "r.author, r.description, r.outcome, r.diff_sha256, r.child_scores, r.parent_scores"
+    if ledger.schema_version < 3:
+        return f"{columns}, NULL AS judged_state FROM results r"
+    return (f"{columns}, c.state AS judged_state, c.gain AS judged_gain, c.se AS judged_se, "
+            "c.seeds AS judged_seeds FROM results r LEFT JOIN claims c ON c.id = r.id")  # fmt: skip
+
+
+def _judgement(row: dict) -> tuple[str, float | None, float | None] | None:
+    """A kept result's judgement as the ledger keeps it: (state, the looks' pooled gain, its
+    standard error), the gain None before any look that counts; None for a result no claim."""
+    if row["judged_state"] is None:
+        return None
+    looked = bool(row["judged_seeds"]) and row["judged_se"] is not None
+    return (row["judged_state"], row["judged_gain"] if looked else None,
+            row["judged_se"] if looked else None)  # fmt: skip
+
+
 def context_from_ledger(
     ledger: Ledger, train_py: str, profile: str, program: str = "", me: str | None = None,
     parent_val_bpb: float | None = None, limit: int = 500,
@@ -104,9 +126,8 @@ def context_from_ledger(
     """
     parent = hashlib.sha256(train_py.encode()).hexdigest()
     rows = ledger.rows(
-        "SELECT author, description, outcome, val_bpb, diff_sha256, child_scores, parent_scores "
-        "FROM results "
-        "WHERE parent = ? AND profile = ? ORDER BY time DESC, id",
+        f"SELECT r.val_bpb, {_attempts_from(ledger)} "
+        "WHERE r.parent = ? AND r.profile = ? ORDER BY r.time DESC, r.id",
         (parent, profile),
     )
     if parent_val_bpb is None:
@@ -122,6 +143,7 @@ def context_from_ledger(
             delta=None if r["val_bpb"] is None or parent_val_bpb is None
             else r["val_bpb"] - parent_val_bpb,
             by="this node" if r["author"] == me else r["author"], paired=_paired(r),
+            judged=_judgement(r),
         )
         for r in rows[:limit]
     )  # fmt: skip
@@ -129,10 +151,11 @@ def context_from_ledger(
     lineage, refuted, versions = judged_on_the_way(ledger, parent, profile)
     marks = ", ".join("?" * len(versions))
     earlier = tuple(
-        Attempt(r["description"], r["outcome"], None, r["diff_sha256"], r["author"], paired)
+        Attempt(r["description"], r["outcome"], None, r["diff_sha256"], r["author"], paired,
+                _judgement(r))
         for r in ledger.rows(
-            "SELECT author, description, outcome, diff_sha256, child_scores, parent_scores "
-            f"FROM results WHERE parent IN ({marks}) AND profile = ? ORDER BY time DESC, id "
+            f"SELECT {_attempts_from(ledger)} "
+            f"WHERE r.parent IN ({marks}) AND r.profile = ? ORDER BY r.time DESC, r.id "
             f"LIMIT {MAX_EARLIER}",
             (*versions, profile),
         ) if (paired := _paired(r))
