@@ -564,6 +564,14 @@ def test_the_changes_measured_better_than_noise_are_proposed_together_first():
     backed = dataclasses.replace(earlier[0], paired=(0.001,), judged=("verified", 0.005, 0.001))
     found = combination(dataclasses.replace(context, earlier=(backed,)))
     assert found is not None and "WARMDOWN 0.4 -> 0.56" in found[0]
+    # A claim nobody looked at yet counts by its author's numbers only if the author is this
+    # node: a peer's could be made up.
+    unlooked = dataclasses.replace(earlier[0], judged=("open", None, None))
+    for by, joins in (("12D3KooWpeer", False), ("12D3KooWme", True)):
+        mine = dataclasses.replace(context, earlier=(dataclasses.replace(unlooked, by=by),),
+                                   me="12D3KooWme")  # fmt: skip
+        found = combination(mine)
+        assert found is not None and ("WARMDOWN 0.4 -> 0.56" in found[0]) is joins
     # one favoured change alone is no combination: its own single proposal is first
     alone = Context(BASELINE, PROGRAM, "test", history=history[:1], sigma=sigma)
     assert combination(alone) is None
