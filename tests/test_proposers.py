@@ -416,6 +416,7 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
     assert judged["Logit softcap 30"][0] == "refuted" and judged["Logit softcap 30"][1] < 0
     assert judged["a win"][0] == "verified" and judged["a win"][1] == pytest.approx(0.05, abs=0.01)
     assert context.history[0].judged == ("open", None, None)  # no look at it yet
+    assert context.overclaimed == {carol.peer_id}  # it claimed +0.02; the looks found -0.02
     assert [a.description for a in context.history] == ["softer, narrow"]
     (step,) = context.lineage
     assert step.description == "a win" and step.by == alice.peer_id and step.seeds >= 3
@@ -564,13 +565,12 @@ def test_the_changes_measured_better_than_noise_are_proposed_together_first():
     backed = dataclasses.replace(earlier[0], paired=(0.001,), judged=("verified", 0.005, 0.001))
     found = combination(dataclasses.replace(context, earlier=(backed,)))
     assert found is not None and "WARMDOWN 0.4 -> 0.56" in found[0]
-    # A claim nobody looked at yet counts by its author's numbers only if the author is this
-    # node: a peer's could be made up.
+    # A claim nobody looked at yet counts by its author's numbers, unless that author once
+    # claimed far more than the looks at its claim found: its numbers could be made up.
     unlooked = dataclasses.replace(earlier[0], judged=("open", None, None))
-    for by, joins in (("12D3KooWpeer", False), ("12D3KooWme", True)):
-        mine = dataclasses.replace(context, earlier=(dataclasses.replace(unlooked, by=by),),
-                                   me="12D3KooWme")  # fmt: skip
-        found = combination(mine)
+    for overclaimed, joins in ((frozenset(), True), (frozenset({"12D3KooWpeer"}), False)):
+        told = dataclasses.replace(context, earlier=(unlooked,), overclaimed=overclaimed)
+        found = combination(told)
         assert found is not None and ("WARMDOWN 0.4 -> 0.56" in found[0]) is joins
     # one favoured change alone is no combination: its own single proposal is first
     alone = Context(BASELINE, PROGRAM, "test", history=history[:1], sigma=sigma)

@@ -407,9 +407,10 @@ def combination(context: Context) -> tuple[str, str] | None:
 
     Each change's measurements, by any node, pooled by their weights: the paired differences
     of a result (sigma^2 each), but for a kept one, a claim, its looks' pooled gain and
-    standard error instead of its author's numbers, which count before any look only when the
-    author is this node (a liar's made-up wins would enter every combination until looked at);
-    a change goes in when the pooled mean beats zero by more than SURE standard errors. A change refuted or left unproven
+    standard error instead of its author's numbers, which count before any look unless their
+    author claimed far more than the looks found before (`Context.overclaimed`: a liar's
+    made-up wins would enter every combination until looked at); a change goes in when the
+    pooled mean beats zero by more than SURE standard errors. A change refuted or left unproven
     anywhere on the way stays out, whatever else was measured of it. Only changes measured as
     they stand (a step of a constant from its value here, an edit), the best first, one change
     of each constant; None unless two or more."""
@@ -425,7 +426,7 @@ def combination(context: Context) -> tuple[str, str] | None:
             out.add(attempt.description)
         elif gain is not None and se:
             looks.setdefault(attempt.description, []).append((-gain, se**2))
-        elif not state or attempt.by in ("this node", context.me):
+        elif not state or attempt.by not in context.overclaimed:
             looks.setdefault(attempt.description, []).extend((v, sigma**2) for v in attempt.paired)
     pooled = {d: _pooled(measured) for d, measured in looks.items() if measured and d not in out}
     favoured = sorted((mean, d) for d, (mean, se) in pooled.items() if mean < -SURE * se)

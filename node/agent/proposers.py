@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from node.evidence import OUTLIER_Z
+
 if TYPE_CHECKING:
     from node.ledger import Ledger
 
@@ -64,6 +66,8 @@ class Context:
     active: frozenset[str] = frozenset()  # peers that researched lately (published a result)
     earlier: tuple[Attempt, ...] = ()  # experiments on the lineage's earlier versions, paired
     sigma: float | None = None  # the node's paired noise (None: its profile's prior)
+    # peers that claimed a gain far beyond what the looks at it found (`evidence.OUTLIER_Z`)
+    overclaimed: frozenset[str] = frozenset()
 
     @property
     def parent(self) -> str:
@@ -166,9 +170,14 @@ def context_from_ledger(
             (profile, ledger.clock() - ACTIVE_MS),
         )
     ) | ({me} if me else set())  # fmt: skip
-    return Context(
-        train_py, program, profile, history, tried, lineage, refuted, me, active, earlier
-    )
+    overclaimed = frozenset(
+        r["author"] for r in ledger.rows(
+            "SELECT DISTINCT author FROM claims WHERE profile = ? AND author_z > ?",
+            (profile, OUTLIER_Z),
+        )
+    ) if ledger.schema_version >= 3 else frozenset()  # fmt: skip
+    return Context(train_py, program, profile, history, tried, lineage, refuted, me, active,
+                   earlier, overclaimed=overclaimed)  # fmt: skip
 
 
 MAX_STEPS_SHOWN = 40  # verified steps a prompt carries, the latest
