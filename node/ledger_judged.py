@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from node import committees, consensus
+from node import committees, consensus, evidence
 from node.ledger_queries import LOOK_COLUMNS, RESULT_COLUMNS, LedgerQueries
 
 
@@ -112,6 +112,19 @@ class JudgedClaims(LedgerQueries):
         """The peers a replay contradicted on some claim (`consensus.contradicted`): their looks
         count on no claim, and their seats on committees go to the next in rank."""
         return self._contradicted(self.conn)
+
+    def overclaimed(self, profile: str) -> frozenset[str]:
+        """The authors whose own claimed gain lay far above what the looks at one of their
+        claims on `profile` found (`Judgement.author_z` past `evidence.OUTLIER_Z`): numbers of
+        theirs nobody looked at are not taken at their word."""
+        if self.schema_version < 3:
+            return frozenset()
+        return frozenset(
+            r["author"] for r in self.rows(
+                "SELECT DISTINCT author FROM claims WHERE profile = ? AND author_z > ?",
+                (profile, evidence.OUTLIER_Z),
+            )
+        )  # fmt: skip
 
     def _contradicted(self, conn: sqlite3.Connection) -> frozenset[str]:
         rows = conn.execute(

@@ -44,11 +44,16 @@ def own_pairs(
 def look_pairs(ledger: Ledger, profile: str, harness: str, device: str) -> dict[str, list[float]]:
     """{claim: child minus parent on each seed} over every peer's looks at claims on `profile`
     under `harness`, by peers of `device`'s class. Looks on one seed (a seed's replays) count
-    once, as their mean: they share that seed's luck."""
+    once, as their mean: they share that seed's luck. Looks by a peer the ledger caught
+    signing numbers off (a replay contradicted it, or it claimed far more than the looks at
+    its claim found) are left out: a liar's few looks would raise every node's noise, and
+    with it every margin, until no real win is kept."""
+    off = sorted(ledger.contradicted() | ledger.overclaimed(profile))
     rows = ledger.rows(
         "SELECT result, AVG(delta) AS diff FROM verifications WHERE profile = ? AND harness = ? "
-        "AND device = ? AND delta IS NOT NULL AND seed IS NOT NULL GROUP BY result, seed",
-        (profile, harness, device),
+        "AND device = ? AND delta IS NOT NULL AND seed IS NOT NULL "
+        f"AND author NOT IN ({', '.join('?' * len(off))}) GROUP BY result, seed",
+        (profile, harness, device, *off),
     )
     looks: dict[str, list[float]] = {}
     for r in rows:

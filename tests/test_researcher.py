@@ -175,7 +175,24 @@ def test_a_node_of_a_swarm_spends_no_run_on_its_noise_and_learns_it_from_its_pee
     worker._update_noise()
     assert worker.sigma_df == 1
     prior = 2 * PROFILE.paired_noise**2  # the prior's two degrees of freedom
-    assert worker.sigma == pytest.approx(math.sqrt((prior + 2 * 0.005**2) / 3))
+    expected = math.sqrt((prior + 2 * 0.005**2) / 3)
+    assert worker.sigma == pytest.approx(expected)
+    # A peer caught signing numbers off (it claimed far more than the looks at its claim found)
+    # measures nobody's noise: its wild look on a third seed counts until then, not after.
+    look(FRANK, 0.300, 4, "cpu-a")
+    worker._update_noise()
+    assert worker.sigma_df == 2 and worker.sigma > 2 * expected
+    overclaim = _claim(book, FRANK, BASELINE, FOUR_STEPS, 0.05, "fewer steps")
+    for seed in range(consensus.HOLD_LOOKS + 3):
+        body = wire.verification_body(
+            result=overclaim.id, child_val_bpb=1.52, parent_val_bpb=1.5, seed=300 + seed,
+            profile="test", harness=harness_sha256(PROFILE), verdict="refute", device="cpu-b",
+        )  # fmt: skip
+        book.ingest(wire.sign(bob, "verification", CAMPAIGN, book.next_seq(bob.public_key),
+                              body).raw)  # fmt: skip
+    assert book.overclaimed("test") == {FRANK.peer_id}
+    worker._update_noise()
+    assert (worker.sigma, worker.sigma_df) == (pytest.approx(expected), 1)
 
 
 def test_a_win_moves_the_head_a_loss_does_not_and_every_run_is_published(book, alice, tmp_path):

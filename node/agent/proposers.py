@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from node.evidence import OUTLIER_Z
-
 if TYPE_CHECKING:
     from node.ledger import Ledger
 
@@ -170,14 +168,8 @@ def context_from_ledger(
             (profile, ledger.clock() - ACTIVE_MS),
         )
     ) | ({me} if me else set())  # fmt: skip
-    overclaimed = frozenset(
-        r["author"] for r in ledger.rows(
-            "SELECT DISTINCT author FROM claims WHERE profile = ? AND author_z > ?",
-            (profile, OUTLIER_Z),
-        )
-    ) if ledger.schema_version >= 3 else frozenset()  # fmt: skip
     return Context(train_py, program, profile, history, tried, lineage, refuted, me, active,
-                   earlier, overclaimed=overclaimed)  # fmt: skip
+                   earlier, overclaimed=ledger.overclaimed(profile))  # fmt: skip
 
 
 MAX_STEPS_SHOWN = 40  # verified steps a prompt carries, the latest
