@@ -227,7 +227,8 @@ def test_no_honest_change_of_the_baseline_is_refused(tmp_path_factory, small_dat
     SWARM_TEST_ALL_CHANGES=1 every single change (51, six minutes), constants included."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from node.agent.offline import KNOWN_EDITS, OfflineProposer
+    from node.agent.catalogue import KNOWN_EDITS
+    from node.agent.offline import OfflineProposer
 
     profile = dataclasses.replace(PROFILE, budget_tokens=2**14)
     changes = [c for c in OfflineProposer(0).candidates(BASELINE, "test") if ";" not in c[0]]

@@ -184,7 +184,8 @@ def test_the_catalogue_landscape_is_calibrated_and_reads_real_train_py_texts():
     """The landscape over the real catalogue: about 17% of its single changes of the baseline
     improve it, mostly by 0.15 to 0.45 seed sds, and a version's coordinates are what the
     offline proposer's steps and edits did to the real train.py."""
-    from node.agent.offline import KNOWN_EDITS, OfflineProposer
+    from node.agent.catalogue import KNOWN_EDITS
+    from node.agent.offline import OfflineProposer
     from node.simulation import catalogue
 
     found = catalogue.calibration(range(16))

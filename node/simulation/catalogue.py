@@ -2,7 +2,7 @@
 offline proposer writes it (its constants stepped, its known edits applied, merges of both), and
 its val_bpb a hidden function of what those changes did to the baseline.
 
-Each constant the proposer steps (`offline.constant_values`) sits in a valley of its own, on a
+Each constant the proposer steps (`catalogue.constant_values`) sits in a valley of its own, on a
 log scale where one unit is a step by a factor of 1.4 (for a share near 1, a momentum or a beta,
 its distance from 1 halved or doubled). Most sit at the baseline's value, more or less: a step
 either way costs what their curvature says. OFF_SHARE of them have their best value some steps
@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from node.agent.offline import KNOWN_EDITS, FixedList, OfflineProposer, constant_values
+from node.agent.catalogue import KNOWN_EDITS, constant_values
+from node.agent.offline import FixedList, OfflineProposer
 from node.simulation import landscape as land
 from node.trainer import BASELINE_TRAIN_PY
 
