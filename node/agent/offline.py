@@ -3,7 +3,9 @@ order the swarm's evidence moves.
 
 It needs no network and no key, so a laptop without a model still contributes. Deterministic
 for a seed, a parent and what the ledger holds; it never proposes a change already tried on
-that parent, and tries first the moves that measured steps on it and on its lineage favour.
+that parent, tries first the changes measured better than noise there, together
+(`combination`), then the moves that measured steps on it and on its lineage favour. Its
+catalogue of changes is `node.agent.catalogue`'s.
 """
 
 from __future__ import annotations
@@ -195,7 +197,7 @@ def _spread(looks: list[tuple[float, float]], sigma: float) -> float:
     return max(square, (LEAST_SPREAD * sigma) ** 2) ** 0.5
 
 
-SURE = 1.5  # a change joins a combination when its paired runs beat no change by this many sds
+SURE = 1.5  # a change joins a combination when its measurements beat no change by this many se
 
 
 def combination(context: Context) -> tuple[str, str] | None:
@@ -296,7 +298,9 @@ class OfflineProposer:
         holds no single step starts on its pairs, not on another node's single); single steps
         before pairs within each; then by what the swarm's evidence, with its uncertainty, says
         the change may do at best (`beliefs`, `Belief.score`; a pair, its two moves' sum); ties
-        (moves of one prior, unmeasured) in the seed's order."""
+        (moves of one prior, unmeasured) in the seed's order. The combination of the changes
+        measured better than noise (`combination`) is everyone's and placed as a single change
+        by the sum of its parts, which puts it first."""
         known = beliefs(context)
         together = combination(context)
         candidates = [*([together] if together else []),

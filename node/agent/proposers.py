@@ -197,8 +197,8 @@ def judged_on_the_way(
         )
         if not rows and current == version:  # a claim being judged, researched ahead of: the
             ahead = ledger.rows(  # way goes on through its parent, with no step of its own
-                "SELECT parent FROM claims WHERE child = ? AND profile = ? AND state IN ('open', 'held') "
-                "ORDER BY id LIMIT 1",
+                "SELECT parent FROM claims WHERE child = ? AND profile = ? "
+                "AND state IN ('open', 'held') ORDER BY id LIMIT 1",
                 (current, profile),
             )
             if ahead and ahead[0]["parent"] not in versions:
