@@ -167,7 +167,8 @@ def _text(out: dict) -> str:
         lines.append(
             f"  fast hardware authored {ratio(out['fast_share_of_lineage'])} of the lineage "
             f"steps ({ratio(out['fast_share_of_changes'])} of the changes in them, a merge "
-            f"counted for the author of the change it carries), and ran "
+            f"counted for the author of the change it carries, a combination's parts for who "
+            f"measured each first), and ran "
             f"{out['fast_share_of_research_runs']:.1%} of the research runs"
         )
     lines.append(f"  runs: {out['runs_by_purpose']}")
