@@ -9,8 +9,10 @@ it occurs once); `single_changes` names each by the description a result carries
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import functools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from node.trainer import policy
 
@@ -198,15 +200,17 @@ def with_lines(source: str, steps: tuple[Step, ...]) -> str:
 Part = Step | tuple[str, str]  # a step of a constant, or a known edit (its text, replaced)
 
 
-def single_changes(source: str, profile: str | None = None) -> dict[str, Part]:
+@functools.lru_cache(maxsize=64)
+def single_changes(source: str, profile: str | None = None) -> Mapping[str, Part]:
     """Each single change the proposer knows on `source`, by its description: the known edits
     whose text occurs once, then the steps of its constants (and with `profile`, of that
-    profile's model-size row)."""
+    profile's model-size row). Read-only, and kept for the latest sources: a proposal reads
+    them twice (`offline.combination`, `OfflineProposer.candidates`), each a parse of train.py."""
     out: dict[str, Part] = {d: (old, new) for d, old, new in KNOWN_EDITS if source.count(old) == 1}
     steps = hyperparameter_steps(source, profile) + (
         profile_steps(source, profile) if profile else []
     )
-    return out | {s.description: s for s in steps}
+    return MappingProxyType(out | {s.description: s for s in steps})
 
 
 def combined(source: str, parts: list[Part]) -> str | None:
