@@ -99,7 +99,11 @@ class Ledger(JudgedClaims):
                 self._migrate()
             self.schema_version = conn.execute("PRAGMA user_version").fetchone()[0]
             if readonly and self.schema_version == 0:
-                raise LedgerError(f"{self.path} is not a research-swarm ledger")
+                raise LedgerError(
+                    f"{self.path} is not a research-swarm ledger"
+                    if self.db.table_names()
+                    else f"{self.path} holds no ledger yet: a node may be creating it; try again"
+                )
             if self.schema_version > len(MIGRATIONS):
                 raise LedgerError(
                     f"{self.path} has schema {self.schema_version}, newer than this node "

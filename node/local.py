@@ -351,7 +351,7 @@ def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
     """What the swarm found, read from each node's ledger: its head, its experiments and
     verifications, and from the first node's ledger the head's lineage, each step with its
     verified gain and every look at it (they all hold the same facts, once gossiped)."""
-    from node.ledger import Ledger, ledger_path
+    from node.ledger import Ledger, LedgerError, ledger_path
     from node.trainer import get_profile, harness_sha256
 
     quorum, baseline = campaign_terms(swarm.campaign)
@@ -368,9 +368,11 @@ def summary(swarm: LocalSwarm, seconds: float, codes: list[int | None]) -> dict:
             "given": row.get("given", 0), "received": row.get("received", 0),
         }  # fmt: skip
         entry["experiments"] = sum(entry["outcomes"].values())
-        if ledger_path(home).is_file():
+        try:
             with Ledger(ledger_path(home), readonly=True) as ledger:
                 entry["head"] = ledger.head(swarm.profile, quorum, harness, baseline=baseline)
+        except LedgerError as exc:  # a node that never got as far as its ledger
+            entry["error"] = str(exc)
         nodes.append(entry)
     heads = {n.get("head") for n in nodes}
     best = nodes[0].get("head") if nodes else None
@@ -450,7 +452,7 @@ def summary_lines(result: dict, command: str) -> list[str]:
                      f"({o.get('keep', 0)} kept, "
                      f"{o.get('discard', 0)} discarded, {o.get('crash', 0)} crashed), "
                      f"{n.get('given', 0)} verifications given, {n.get('received', 0)} received; "
-                     f"ledger {n['ledger']}")  # fmt: skip
+                     f"ledger {n.get('error') or n['ledger']}")  # fmt: skip
     for dropped in result.get("dropped", []):
         lines.append(f"dropped at the stop (not recorded): {dropped}")
     first = result["nodes"][0]["home"] if result["nodes"] else "HOME"

@@ -392,7 +392,7 @@ def node_status(home: Path) -> dict:
     """What the node in `home` is doing: its workers, its network, its ledger; `running`, and
     when not, `stopped_at`: the last time it wrote its status (seconds since the epoch)."""
     from node.gossip import GossipError, read_status
-    from node.ledger import Ledger, ledger_path
+    from node.ledger import Ledger, LedgerError, ledger_path
 
     workers = []
     for path in sorted((Path(home) / STATUS_DIR).glob("worker-*.json")):
@@ -412,8 +412,11 @@ def node_status(home: Path) -> dict:
         network = None
     ledger = {}
     if ledger_path(home).is_file():
-        with Ledger(ledger_path(home), readonly=True) as book:
-            ledger = book.summary()
+        try:
+            with Ledger(ledger_path(home), readonly=True) as book:
+                ledger = book.summary()
+        except LedgerError as exc:  # a node creating it, or a file that is no ledger
+            ledger = {"path": str(ledger_path(home)), "error": str(exc)}
     if not workers and network is None and not ledger:
         raise NodeError(
             f"no node in {home}: start one with `swarm join --home {home} --bootstrap ADDR`"

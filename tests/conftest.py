@@ -147,15 +147,17 @@ def small_data(data_cache):
     return prepare_data(get_profile("test"), data_cache)
 
 
-def wait_until(predicate, what: str, timeout: float = 60.0, every: float = 0.2):
-    """Poll `predicate` until it returns something true (returned), or fail after `timeout` s."""
+def wait_until(predicate, what: str, timeout: float = 60.0, every: float = 0.2, explain=None):
+    """Poll `predicate` until it returns something true (returned), or fail after `timeout` s,
+    with what `explain()` (if given) says of the state it was waiting on."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         value = predicate()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    said = f": {explain()}" if explain is not None else ""
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{said}")
 
 
 class Process:

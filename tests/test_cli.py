@@ -182,6 +182,20 @@ def test_status_and_peers_say_when_a_node_stopped_and_round_what_they_show(tmp_p
         assert as_json["running"] is False and stopped - 10 < as_json["stopped_at"] <= stopped + 1
 
 
+def test_status_reads_a_home_whose_ledger_a_node_is_still_creating(tmp_path):
+    # A node's first moments: SQLite has made the file, the schema is not committed yet. A status
+    # read then (by `swarm status`, or the demo's table each second) says so and goes on.
+    home = tmp_path / "node"
+    (home / "status").mkdir(parents=True)
+    (home / "status" / "worker-0.json").write_text(json.dumps({"doing": "starting"}))
+    (home / "ledger.db").write_bytes(b"")
+    done = swarm("status", "--home", str(home))
+    assert done.returncode == 0, done.stderr
+    assert f"ledger: {home / 'ledger.db'} holds no ledger yet" in " ".join(done.stdout.split())
+    shown = json.loads(swarm("status", "--json", "--home", str(home)).stdout)
+    assert "no ledger yet" in shown["ledger"]["error"]
+
+
 def test_a_data_folder_that_cannot_be_made_is_a_one_line_error(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")

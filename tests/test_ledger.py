@@ -167,6 +167,11 @@ def test_files_that_are_not_ledgers_are_clear_errors(tmp_path):
         Ledger(tmp_path / "junk.db")
     with pytest.raises(LedgerError, match="no ledger"):
         Ledger(tmp_path / "absent.db", readonly=True)
+    (tmp_path / "new.db").write_bytes(b"")  # what a node opening its ledger has made so far
+    with pytest.raises(LedgerError, match="no ledger yet: a node may be creating it"):
+        Ledger(tmp_path / "new.db", readonly=True)
+    with pytest.raises(LedgerError, match="not a research-swarm ledger"):
+        Ledger(tmp_path / "other.db", readonly=True)
 
 
 def test_migrations_run_once_in_order_from_release_one(tmp_path, monkeypatch, alice):

@@ -119,17 +119,36 @@ def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data
                 for r in makers
             )
 
-        # Each node's worker moves to the agreed head (or a verified head built on it, should the
-        # swarm have gone on) and researches from it: seen once for each node.
+        # Each node's worker moves to the head its ledger ranks first (or a verified head built on
+        # it) and researches from it: seen once for each node. That head may have moved on since
+        # they agreed, to a child or to a sibling the later looks rank better (a chance lead of
+        # one change overtaken by another's, as seen on a busy machine).
         on_head: set[Path] = set()
 
         def all_on_the_head() -> bool:
-            on_head.update(home for home in homes if worker_builds_on(home, head))
+            for home in homes:
+                first = consensus_head(home, baseline)
+                if first not in (None, baseline) and worker_builds_on(home, first):
+                    on_head.add(home)
             return on_head == set(homes)
 
+        def where_they_are() -> str:
+            said = []
+            for home, node in zip(homes, nodes, strict=True):
+                try:
+                    state = json.loads((home / "status" / "worker-0.json").read_text())
+                except (OSError, ValueError):
+                    state = {}
+                keys = ("doing", "head", "adopted", "steps")
+                said.append(f"{home.name}: ranks first {consensus_head(home, baseline)}, worker "
+                            f"{dict((k, state.get(k)) for k in keys)}; last lines: "
+                            + " | ".join(line.strip() for line in node.lines[-6:]))  # fmt: skip
+            return f"agreed head {head}; " + "; ".join(said)
+
         wait_until(
-            all_on_the_head, "every node's worker building on the agreed head", timeout=240, every=2
-        )
+            all_on_the_head, "every node's worker building on the head it ranks first", timeout=240,
+            every=2, explain=where_they_are,
+        )  # fmt: skip
     finally:
         codes = [node.stop() for node in nodes]
         boot.stop()

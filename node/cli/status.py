@@ -158,7 +158,9 @@ def status_cmd(home: HomeOption = None, as_json: JsonOption = False) -> None:
                 why = safe_text("; ".join(s["reasons"]))
                 console.print(f"silenced {s['peer']}: {why}", highlight=False)
     ledger = status["ledger"]
-    if ledger:
+    if ledger.get("error"):
+        console.print(f"ledger: {ledger['error']}", highlight=False, markup=False)
+    elif ledger:
         counts = [
             f"{k} {v}"
             for k, v in ledger.items()
