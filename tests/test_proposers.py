@@ -464,10 +464,21 @@ def test_offline_proposers_of_sixteen_nodes_take_sixteen_shares_and_a_quiet_node
     assert theirs in mine and order[: len(mine)] == mine  # its share, the inherited one too, first
     seeds_order = [change_hash(BASELINE, child) for description, child
                    in OfflineProposer(0).candidates(BASELINE, "cpu") if "; " not in description]  # fmt: skip
-    assert order == mine + [
-        c for c in seeds_order if c not in mine
+    # Then the others' shares: first those it would inherit next (it ranks second among the
+    # active), so that two nodes done with their own shares take different changes; then the rest.
+    active = frozenset(peers[1:])
+    runner_up = [c for c in seeds_order if c not in mine
+                 and share_of(c, active - {share_of(c, active)}) == heir]  # fmt: skip
+    assert runner_up and order == mine + runner_up + [
+        c for c in seeds_order if c not in mine and c not in runner_up
     ]  # each part in the seed's order
     assert mine == [c for c in seeds_order if c in mine]
+    others = [p for p in peers[1:] if p != heir]
+    second = {p: next(c for c in [change_hash(BASELINE, child) for d, child in OfflineProposer(0)
+                                  ._ordered(Context(BASELINE, PROGRAM, "cpu", me=p, active=active))
+                                  if "; " not in d] if share_of(c, active) != p) for p in others}  # fmt: skip
+    # the first pick of each after its own share: spread, where each took the same one before
+    assert len(set(second.values())) > len(others) // 2
 
 
 def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_its_lineage():

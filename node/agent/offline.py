@@ -267,8 +267,9 @@ class OfflineProposer:
     Its order depends only on the seed and the parent (a node seeds it with its key unless told
     a seed, so two nodes walk two orders). Given this node's peer id and the peers researching
     lately (`Context.me`, `.active`), it proposes first the changes that are its share
-    (`share_of`), then, with its own share done, the others', each in that order: sixteen nodes
-    try sixteen different changes at once, and a quiet node's share passes to the others.
+    (`share_of`), then, with its own share done, the others' (first those it would inherit next),
+    each in that order: sixteen nodes try sixteen different changes at once, and a quiet node's
+    share passes to the others.
     """
 
     kind = "learning"  # its name for `--proposer` and `swarm status`
@@ -307,14 +308,17 @@ class OfflineProposer:
                       *self.candidates(context.train_py, context.profile)]  # fmt: skip
         peers = context.active | {context.me} if context.me else frozenset()
 
-        def place(item: tuple[int, tuple[str, str]]) -> tuple[bool, bool, float, int]:
+        def place(item: tuple[int, tuple[str, str]]) -> tuple[bool, bool, bool, float, int]:
             index, (description, child) = item
+            score = known.of(description).score
             if index == 0 and together:  # everyone's: it changes as evidence comes in
-                return False, False, known.of(description).score, index
-            theirs = bool(peers) and (
-                share_of(_change_hash(context.train_py, child), peers) != context.me
-            )
-            return theirs, "; " in description, known.of(description).score, index
+                return False, False, False, score, index
+            change = _change_hash(context.train_py, child)
+            owner = share_of(change, peers) if peers else context.me
+            # of another's share, first those this node would take should their owner go quiet
+            # (the next by the same ranking): two nodes done with their own take different ones
+            later = owner != context.me and share_of(change, peers - {owner}) != context.me
+            return owner != context.me, "; " in description, later, score, index
 
         for _, candidate in sorted(enumerate(candidates), key=place):
             yield candidate
