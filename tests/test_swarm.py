@@ -141,7 +141,7 @@ def test_three_nodes_converge_on_a_head_the_quorum_verified(tmp_path, small_data
                     state = {}
                 keys = ("doing", "head", "adopted", "steps")
                 said.append(f"{home.name}: ranks first {consensus_head(home, baseline)}, worker "
-                            f"{dict((k, state.get(k)) for k in keys)}; last lines: "
+                            f"{ {k: state.get(k) for k in keys} }; last lines: "
                             + " | ".join(line.strip() for line in node.lines[-6:]))  # fmt: skip
             return f"agreed head {head}; " + "; ".join(said)
 
