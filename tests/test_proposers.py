@@ -416,7 +416,6 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
     assert judged["Logit softcap 30"][0] == "refuted" and judged["Logit softcap 30"][1] < 0
     assert judged["a win"][0] == "verified" and judged["a win"][1] == pytest.approx(0.05, abs=0.01)
     assert context.history[0].judged == ("open", None, None)  # no look at it yet
-    assert context.overclaimed == {carol.peer_id}  # it claimed +0.02; the looks found -0.02
     assert [a.description for a in context.history] == ["softer, narrow"]
     (step,) = context.lineage
     assert step.description == "a win" and step.by == alice.peer_id and step.seeds >= 3
@@ -533,16 +532,17 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
 
 def test_the_changes_measured_better_than_noise_are_proposed_together_first():
     """After a round of single changes, those whose pooled measurements beat no change by more
-    than SURE standard errors (any node's, on this parent or on the way here) are proposed
-    first as one change: the better measured step of each constant, of two edits of one line
-    the better. Inside the noise, measured worse, never measured as it stands, or refuted by
-    the looks at it: left out."""
+    than SURE standard errors (this node's own, on this parent or on the way here, and claims
+    the swarm's rule verified) are proposed first as one change: the better measured step of
+    each constant, of two edits of one line the better. Inside the noise, measured worse, never
+    measured as it stands, refuted by the looks at it, or a peer's numbers not verified yet
+    (any key can sign them): left out."""
     from node.agent.offline import SURE, combination
 
-    sigma = 0.002
+    sigma, peer = 0.002, "12D3KooWpeer"
 
-    def tried(description: str, *paired: float) -> Attempt:
-        return Attempt(description, "keep", None, f"h {description}", "12D3KooWpeer", paired)
+    def tried(description: str, *paired: float, by: str = "this node") -> Attempt:
+        return Attempt(description, "keep", None, f"h {description}", by, paired)
 
     cosine, floor = "Cosine warmdown instead of a linear one", "Learning rate falls to 10%"
     floor += " of its peak, not to zero"
@@ -555,7 +555,8 @@ def test_the_changes_measured_better_than_noise_are_proposed_together_first():
         tried("MATRIX_LR 0.02 -> 0.01", 0.01, 0.012),  # worse; its opposite, never run: out
     )
     earlier = (tried("WARMDOWN 0.4 -> 0.56", -0.006, -0.004),)  # on the way here, 3.5 sigmas
-    context = Context(BASELINE, PROGRAM, "test", history=history, earlier=earlier, sigma=sigma)
+    context = Context(BASELINE, PROGRAM, "test", history=history, earlier=earlier, sigma=sigma,
+                      me=peer + "me")  # fmt: skip
     proposal = OfflineProposer(0).propose(context)
     parts = [cosine, "HEAD_LR 0.004 -> 0.0056", "WARMDOWN 0.4 -> 0.56"]
     assert proposal.description == "; ".join(sorted(parts))
@@ -571,22 +572,30 @@ def test_the_changes_measured_better_than_noise_are_proposed_together_first():
         near = tried("EMBED_LR 0.3 -> 0.42", -edge * beyond, -edge * beyond)
         found = combination(dataclasses.replace(context, history=(*history[:4], history[5], near)))
         assert found is not None and ("EMBED_LR 0.3 -> 0.42" in found[0]) is joins
-    # A kept one that others looked at counts by their looks, not by its author's numbers: a
-    # claim refuted (or left unproven) is out, one the looks put inside the noise too.
-    for judged in (("refuted", -0.001, 0.002), ("unproven", None, None), ("open", 0.002, 0.0015)):
-        lied = dataclasses.replace(earlier[0], judged=judged)
-        found = combination(dataclasses.replace(context, earlier=(lied,)))
-        assert found is not None and found[0] == f"{cosine}; HEAD_LR 0.004 -> 0.0056", judged
-    backed = dataclasses.replace(earlier[0], paired=(0.001,), judged=("verified", 0.005, 0.001))
+    # A claim counts by its looks once the swarm's rule verified it, whoever measured it: a
+    # peer's verified claim joins, though its author's numbers are nothing; one refuted or left
+    # unproven is out, whatever this node measured of it.
+    theirs = tried("WARMDOWN 0.4 -> 0.56", 0.001, by=peer)
+    backed = dataclasses.replace(theirs, judged=("verified", 0.005, 0.001))
     found = combination(dataclasses.replace(context, earlier=(backed,)))
     assert found is not None and "WARMDOWN 0.4 -> 0.56" in found[0]
-    # A claim nobody looked at yet counts by its author's numbers, unless that author once
-    # claimed far more than the looks at its claim found: its numbers could be made up.
-    unlooked = dataclasses.replace(earlier[0], judged=("open", None, None))
-    for overclaimed, joins in ((frozenset(), True), (frozenset({"12D3KooWpeer"}), False)):
-        told = dataclasses.replace(context, earlier=(unlooked,), overclaimed=overclaimed)
-        found = combination(told)
-        assert found is not None and ("WARMDOWN 0.4 -> 0.56" in found[0]) is joins
+    for judged in (("refuted", -0.001, 0.002), ("unproven", None, None)):
+        found = combination(dataclasses.replace(context, earlier=(
+            dataclasses.replace(earlier[0], judged=judged),)))  # fmt: skip
+        assert found is not None and found[0] == f"{cosine}; HEAD_LR 0.004 -> 0.0056", judged
+    # A peer's numbers are any key's to sign: its results, and the looks at its claim before the
+    # rule verified it (colluders confirm each other's changes of no gain with made-up looks),
+    # count for nothing, however good; this node's own id counts as this node.
+    for lure in (
+        tried("WARMDOWN 0.4 -> 0.56", -0.02, -0.02, by=peer),
+        dataclasses.replace(theirs, judged=("open", None, None), paired=(-0.02, -0.02)),
+        dataclasses.replace(theirs, judged=("open", 0.02, 0.001)),
+    ):
+        found = combination(dataclasses.replace(context, earlier=(lure,)))
+        assert found is not None and "WARMDOWN" not in found[0], lure
+    mine = tried("WARMDOWN 0.4 -> 0.56", -0.006, -0.004, by=context.me)
+    found = combination(dataclasses.replace(context, earlier=(mine,)))
+    assert found is not None and "WARMDOWN 0.4 -> 0.56" in found[0]
     # one favoured change alone is no combination: its own single proposal is first
     alone = Context(BASELINE, PROGRAM, "test", history=history[:1], sigma=sigma)
     assert combination(alone) is None

@@ -205,15 +205,16 @@ def combination(context: Context) -> tuple[str, str] | None:
     on this parent and on the way here, beyond noise, all at once: what a planner runs after a
     round of single changes, so that wins found side by side move the head as one step.
 
-    Each change's measurements, by any node, pooled by their weights: the paired differences
-    of a result (sigma^2 each), but for a kept one, a claim, its looks' pooled gain and
-    standard error instead of its author's numbers, which count before any look unless their
-    author claimed far more than the looks found before (`Context.overclaimed`: a liar's
-    made-up wins would enter every combination until looked at); a change goes in when the
-    pooled mean beats zero by more than SURE standard errors. A change refuted or left unproven
-    anywhere on the way stays out, whatever else was measured of it. Only changes measured as
-    they stand (a step of a constant from its value here, an edit), the best first, one change
-    of each constant; None unless two or more."""
+    Each change's measurements that this node can trust, pooled by their weights: the paired
+    differences of this node's own results (sigma^2 each), and of a claim the swarm's rule
+    verified, its looks' pooled gain and standard error; a change goes in when the pooled mean
+    beats zero by more than SURE standard errors. A peer's numbers, and the looks at a claim
+    not verified yet, count for nothing: any key can sign them, and colluders' made-up looks
+    put their changes of no gain into honest combinations, verified as a whole on the real
+    gains of the others. A change refuted or left unproven anywhere on the way stays out,
+    whatever else was measured of it. Only changes measured as they stand (a step of a
+    constant from its value here, an edit), the best first, one change of each constant; None
+    unless two or more."""
     singles = single_changes(context.train_py, context.profile)
     sigma = sigma_of(context)
     looks: dict[str, list[tuple[float, float]]] = {}  # description: (value, its variance)
@@ -224,9 +225,9 @@ def combination(context: Context) -> tuple[str, str] | None:
         state, gain, se = attempt.judged or ("", None, None)
         if state in ("refuted", "unproven"):
             out.add(attempt.description)
-        elif gain is not None and se:
+        elif state == "verified" and gain is not None and se:
             looks.setdefault(attempt.description, []).append((-gain, se**2))
-        elif not state or attempt.by not in context.overclaimed:
+        elif attempt.by in ("this node", context.me):
             looks.setdefault(attempt.description, []).extend((v, sigma**2) for v in attempt.paired)
     pooled = {d: _pooled(measured) for d, measured in looks.items() if measured and d not in out}
     favoured = sorted((mean, d) for d, (mean, se) in pooled.items() if mean < -SURE * se)

@@ -64,8 +64,6 @@ class Context:
     active: frozenset[str] = frozenset()  # peers that researched lately (published a result)
     earlier: tuple[Attempt, ...] = ()  # experiments on the lineage's earlier versions, paired
     sigma: float | None = None  # the node's paired noise (None: its profile's prior)
-    # peers that claimed a gain far beyond what the looks at it found (`evidence.OUTLIER_Z`)
-    overclaimed: frozenset[str] = frozenset()
 
     @property
     def parent(self) -> str:
@@ -169,7 +167,7 @@ def context_from_ledger(
         )
     ) | ({me} if me else set())  # fmt: skip
     return Context(train_py, program, profile, history, tried, lineage, refuted, me, active,
-                   earlier, overclaimed=ledger.overclaimed(profile))  # fmt: skip
+                   earlier)  # fmt: skip
 
 
 MAX_STEPS_SHOWN = 40  # verified steps a prompt carries, the latest
