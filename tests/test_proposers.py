@@ -409,6 +409,13 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
             "softer, narrow", "a win", "Logit softcap 30"
         }  # fmt: skip
         context = context_from_ledger(book, NARROW, "test")
+        # a node's own looks at a peer's result ride with it: numbers it can trust as its own
+        seen = {a.description: a.looked for a in context_from_ledger(
+            book, NARROW, "test", me=bob.peer_id).earlier}  # fmt: skip
+        assert seen["Logit softcap 30"] == pytest.approx([0.02] * (consensus.HOLD_LOOKS + 3))
+        assert seen["a win"] and all(d < 0 for d in seen["a win"])  # bob verified alice's win
+        theirs = context_from_ledger(book, NARROW, "test", me=carol.peer_id)
+        assert all(a.looked == () for a in (*theirs.earlier, *theirs.history))
     # What was measured on the baseline, on the way here, is evidence for the proposers too.
     assert {a.description for a in context.earlier} == {"a win", "Logit softcap 30"}
     assert all(a.paired for a in context.earlier)
@@ -532,8 +539,8 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
 
 def test_the_changes_measured_better_than_noise_are_proposed_together_first():
     """After a round of single changes, those whose pooled measurements beat no change by more
-    than SURE standard errors (this node's own, on this parent or on the way here, and claims
-    the swarm's rule verified) are proposed first as one change: the better measured step of
+    than SURE standard errors (this node's own results and looks, on this parent or on the way
+    here, and claims the swarm's rule verified) are proposed first as one change: the better measured step of
     each constant, of two edits of one line the better. Inside the noise, measured worse, never
     measured as it stands, refuted by the looks at it, or a peer's numbers not verified yet
     (any key can sign them): left out."""
@@ -595,6 +602,10 @@ def test_the_changes_measured_better_than_noise_are_proposed_together_first():
         assert found is not None and "WARMDOWN" not in found[0], lure
     mine = tried("WARMDOWN 0.4 -> 0.56", -0.006, -0.004, by=context.me)
     found = combination(dataclasses.replace(context, earlier=(mine,)))
+    assert found is not None and "WARMDOWN 0.4 -> 0.56" in found[0]
+    # this node's own looks at a peer's claim (as a verifier, say) are its own numbers
+    looked = dataclasses.replace(theirs, judged=("open", None, None), looked=(-0.006, -0.004))
+    found = combination(dataclasses.replace(context, earlier=(looked,)))
     assert found is not None and "WARMDOWN 0.4 -> 0.56" in found[0]
     # one favoured change alone is no combination: its own single proposal is first
     alone = Context(BASELINE, PROGRAM, "test", history=history[:1], sigma=sigma)

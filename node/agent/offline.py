@@ -149,8 +149,8 @@ def beliefs(context: Context) -> Beliefs:
     of EFFECT_SD sigmas. The steps verified or refuted on the way here (their pooled gain and
     standard error) and those measured on the way's earlier versions (mean paired difference,
     sigma^2 / seeds) tell what the move did there, which says SAME_EFFECT of what it does here;
-    every single step measured on this parent, by this node or a peer, moves it last (one with
-    no pairs by its unpaired difference, 2 sigma^2). A move none of these measured, whose
+    every single step measured on this parent, by this node or a peer (its pairs, with this
+    node's looks at it), moves it last (one with no pairs by its unpaired difference, 2 sigma^2). A move none of these measured, whose
     opposite they did, starts at minus OPPOSITE_SHARE of the opposite's mean (a constant near
     its best sits in a valley: when down is worse, up is the way); an edit has no opposite."""
     sigma = sigma_of(context)
@@ -166,8 +166,8 @@ def beliefs(context: Context) -> Beliefs:
         for attempt in attempts:
             if (m := evidence_key(attempt.description)) is None:
                 continue
-            if attempt.paired:
-                look = (statistics.fmean(attempt.paired), sigma**2 / len(attempt.paired))
+            if values := (*attempt.paired, *attempt.looked):
+                look = (statistics.fmean(values), sigma**2 / len(values))
             elif attempt.delta is not None and into is here:
                 look = (attempt.delta, 2 * sigma**2)
             else:
@@ -206,10 +206,11 @@ def combination(context: Context) -> tuple[str, str] | None:
     round of single changes, so that wins found side by side move the head as one step.
 
     Each change's measurements that this node can trust, pooled by their weights: the paired
-    differences of this node's own results (sigma^2 each), and of a claim the swarm's rule
-    verified, its looks' pooled gain and standard error; a change goes in when the pooled mean
-    beats zero by more than SURE standard errors. A peer's numbers, and the looks at a claim
-    not verified yet, count for nothing: any key can sign them, and colluders' made-up looks
+    differences of this node's own results and of its own looks at a peer's (sigma^2 each),
+    and of a claim the swarm's rule verified, its looks' pooled gain and standard error; a
+    change goes in when the pooled mean beats zero by more than SURE standard errors. A peer's
+    numbers, and its looks at a claim not verified yet, count for nothing: any key can sign
+    them, and colluders' made-up looks
     put their changes of no gain into honest combinations, verified as a whole on the real
     gains of the others. A change refuted or left unproven anywhere on the way stays out,
     whatever else was measured of it. Only changes measured as they stand (a step of a
@@ -227,8 +228,11 @@ def combination(context: Context) -> tuple[str, str] | None:
             out.add(attempt.description)
         elif state == "verified" and gain is not None and se:
             looks.setdefault(attempt.description, []).append((-gain, se**2))
-        elif attempt.by in ("this node", context.me):
-            looks.setdefault(attempt.description, []).extend((v, sigma**2) for v in attempt.paired)
+        else:
+            own = attempt.paired if attempt.by in ("this node", context.me) else ()
+            looks.setdefault(attempt.description, []).extend(
+                (v, sigma**2) for v in (*own, *attempt.looked)
+            )
     pooled = {d: _pooled(measured) for d, measured in looks.items() if measured and d not in out}
     favoured = sorted((mean, d) for d, (mean, se) in pooled.items() if mean < -SURE * se)
     chosen: dict[str, Part] = {}

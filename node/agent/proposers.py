@@ -34,6 +34,9 @@ class Attempt:
     paired: tuple[float, ...] = ()  # child minus parent on each seed its author ran both on
     # a kept one's judgement so far: (state, the looks' pooled gain or None, its standard error)
     judged: tuple[str, float | None, float | None] | None = None
+    # a peer's result this node looked at (verified, re-scored): child minus parent on each seed
+    # of this node's looks, numbers it can trust as its own
+    looked: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def context_from_ledger(
     """
     parent = hashlib.sha256(train_py.encode()).hexdigest()
     rows = ledger.rows(
-        f"SELECT r.val_bpb, {_attempts_from(ledger)} "
+        f"SELECT r.id, r.val_bpb, {_attempts_from(ledger)} "
         "WHERE r.parent = ? AND r.profile = ? ORDER BY r.time DESC, r.id",
         (parent, profile),
     )
@@ -137,24 +140,25 @@ def context_from_ledger(
             (parent, profile),
         )
         parent_val_bpb = best[0]["v"] if best else None
+    lineage, refuted, versions = judged_on_the_way(ledger, parent, profile)
+    looked = _own_looks(ledger, me, profile, (parent, *versions)) if me else {}
     history = tuple(
         Attempt(
             description=r["description"], outcome=r["outcome"], diff_hash=r["diff_sha256"],
             delta=None if r["val_bpb"] is None or parent_val_bpb is None
             else r["val_bpb"] - parent_val_bpb,
             by="this node" if r["author"] == me else r["author"], paired=_paired(r),
-            judged=_judgement(r),
+            judged=_judgement(r), looked=looked.get(r["id"], ()),
         )
         for r in rows[:limit]
     )  # fmt: skip
     tried = frozenset(r["diff_sha256"] for r in rows)
-    lineage, refuted, versions = judged_on_the_way(ledger, parent, profile)
     marks = ", ".join("?" * len(versions))
     earlier = tuple(
         Attempt(r["description"], r["outcome"], None, r["diff_sha256"], r["author"], paired,
-                _judgement(r))
+                _judgement(r), looked.get(r["id"], ()))
         for r in ledger.rows(
-            f"SELECT {_attempts_from(ledger)} "
+            f"SELECT r.id, {_attempts_from(ledger)} "
             f"WHERE r.parent IN ({marks}) AND r.profile = ? ORDER BY r.time DESC, r.id "
             f"LIMIT {MAX_EARLIER}",
             (*versions, profile),
@@ -168,6 +172,23 @@ def context_from_ledger(
     ) | ({me} if me else set())  # fmt: skip
     return Context(train_py, program, profile, history, tried, lineage, refuted, me, active,
                    earlier)  # fmt: skip
+
+
+def _own_looks(
+    ledger: Ledger, me: str, profile: str, versions: tuple[str, ...]
+) -> dict[str, tuple[float, ...]]:
+    """This node's looks at the results made on `versions`, by result id: child minus parent on
+    each seed it scored both (its verifications, re-scores and audits of them)."""
+    marks = ", ".join("?" * len(versions))
+    looks: dict[str, list[float]] = {}
+    for row in ledger.rows(
+        "SELECT v.result, v.delta FROM verifications v JOIN results r ON r.id = v.result "
+        f"WHERE v.author = ? AND v.profile = ? AND v.delta IS NOT NULL AND r.parent IN ({marks}) "
+        "ORDER BY v.time, v.id",
+        (me, profile, *versions),
+    ):
+        looks.setdefault(row["result"], []).append(row["delta"])
+    return {rid: tuple(deltas) for rid, deltas in looks.items()}
 
 
 MAX_STEPS_SHOWN = 40  # verified steps a prompt carries, the latest
