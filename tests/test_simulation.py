@@ -305,3 +305,27 @@ def test_research_goes_on_when_the_head_at_the_target_is_revoked():
         assert not sim._reopen(1200.0, hours)
     for sim in (revoked, held, lone, trusting):
         sim.close()
+
+
+def test_the_trusting_twin_combines_the_wins_its_peers_claim_as_if_verified():
+    """The swarm that trusts every claim also trusts their numbers when it combines wins: each
+    kept result reads as verified by its author's pairs (a discard stays as it is), so two
+    peers' kept wins make a combination there, and none for the swarm's rule."""
+    from node.agent.offline import combination
+    from node.agent.proposers import Attempt, Context
+    from node.simulation.nodes import as_trusted
+    from node.trainer import BASELINE_TRAIN_PY
+
+    def peer(description: str, outcome: str, *paired: float) -> Attempt:
+        return Attempt(description, outcome, None, description, "12D3KooWpeer", paired)
+
+    kept = peer("HEAD_LR 0.004 -> 0.008", "keep", -0.006, -0.004)
+    other = peer("EMBED_LR 0.3 -> 0.42", "keep", -0.005, -0.005)
+    dropped = peer("MATRIX_LR 0.02 -> 0.01", "discard", 0.001)
+    context = Context(BASELINE_TRAIN_PY.read_text(), history=(kept, other, dropped), sigma=0.002)
+    trusted = as_trusted(context)
+    state, gain, se = trusted.history[0].judged
+    assert (state, gain, se) == ("verified", pytest.approx(0.005), pytest.approx(0.002 / 2**0.5))
+    assert trusted.history[2] == dropped
+    assert combination(context) is None
+    assert combination(trusted)[0] == "EMBED_LR 0.3 -> 0.42; HEAD_LR 0.004 -> 0.008"

@@ -10,16 +10,19 @@ flatters it, confirms its partners' claims with made-up looks and refutes honest
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from node import consensus, evidence, wire
+from node.agent import offline
 from node.agent.loop import Head, Step, research_step
 from node.agent.patch import make_diff, normalise_diff
-from node.agent.proposers import Context, Proposal
+from node.agent.proposers import Attempt, Context, Proposal
 from node.agent.researcher import Researcher
 from node.evidence import Judgement
 from node.identity import Identity
@@ -55,7 +58,8 @@ class KeepIfLower(Researcher):
 
 class Trusting(Researcher):
     """The same node adopting every claim unverified, for comparison: a version's score is its
-    lineage of gains as their authors claimed them."""
+    lineage of gains as their authors claimed them, and its proposer takes every claim as
+    verified by its author's pairs (`as_trusted`)."""
 
     def best_head(self) -> str:
         results, _ = self.ledger.claim_rows(self.profile.name)
@@ -66,6 +70,26 @@ class Trusting(Researcher):
             if claimed is not None and claimed[0] > 0:
                 judged[r["id"]] = Judgement("verified", gain=claimed[0], se=0.0, seeds=1)
         return consensus.head_of(consensus.lineage_scores(kept, judged, self.baseline))
+
+
+def as_trusted(context: Context) -> Context:
+    """What a proposer of a node that trusts every claim sees: each kept result judged verified
+    by its author's own pairs (their mean gain, and its standard error at the node's noise), so
+    that it combines the wins its peers claim as the swarm's rule combines verified ones."""
+    sigma = offline.sigma_of(context)
+
+    def trusted(attempt: Attempt) -> Attempt:
+        if attempt.outcome != "keep" or not attempt.paired:
+            return attempt
+        gain = -statistics.fmean(attempt.paired)
+        return dataclasses.replace(
+            attempt, judged=("verified", gain, sigma / len(attempt.paired) ** 0.5)
+        )
+
+    return dataclasses.replace(
+        context, history=tuple(map(trusted, context.history)),
+        earlier=tuple(map(trusted, context.earlier)),
+    )  # fmt: skip
 
 
 class SimNode:
@@ -99,7 +123,7 @@ class SimNode:
         propose = queued.propose
 
         def proposing(context: Context) -> Proposal:
-            proposal = propose(context)
+            proposal = propose(as_trusted(context) if s.rule == "trusting" else context)
             self.proposed.add(hashlib.sha256(proposal.source.encode()).hexdigest())
             return proposal
 
