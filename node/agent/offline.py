@@ -150,9 +150,10 @@ def beliefs(context: Context) -> Beliefs:
     standard error) and those measured on the way's earlier versions (mean paired difference,
     sigma^2 / seeds) tell what the move did there, which says SAME_EFFECT of what it does here;
     every single step measured on this parent, by this node or a peer (its pairs, with this
-    node's looks at it), moves it last (one with no pairs by its unpaired difference, 2 sigma^2). A move none of these measured, whose
-    opposite they did, starts at minus OPPOSITE_SHARE of the opposite's mean (a constant near
-    its best sits in a valley: when down is worse, up is the way); an edit has no opposite."""
+    node's looks at it), moves it last (one with no pairs by its unpaired difference, 2
+    sigma^2). A move none of these measured, whose opposite they did, starts at minus
+    OPPOSITE_SHARE of the opposite's mean (a constant near its best sits in a valley: when down
+    is worse, up is the way); an edit has no opposite."""
     sigma = sigma_of(context)
     wide = frozenset(n for names, _ in rows_of(context.train_py, context.profile) for n in names)
     before: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -209,10 +210,9 @@ def combination(context: Context) -> tuple[str, str] | None:
     differences of this node's own results and of its own looks at a peer's (sigma^2 each),
     and of a claim the swarm's rule verified, its looks' pooled gain and standard error; a
     change goes in when the pooled mean beats zero by more than SURE standard errors. A peer's
-    numbers, and its looks at a claim not verified yet, count for nothing: any key can sign
-    them, and colluders' made-up looks
-    put their changes of no gain into honest combinations, verified as a whole on the real
-    gains of the others. A change refuted or left unproven anywhere on the way stays out,
+    numbers, and the other peers' looks at a claim not verified yet, count for nothing: any key
+    can sign them, and colluders' made-up looks put their changes of no gain into honest
+    combinations, verified as a whole on the real gains of the others. A change refuted or left unproven anywhere on the way stays out,
     whatever else was measured of it. Only changes measured as they stand (a step of a
     constant from its value here, an edit), the best first, one change of each constant; None
     unless two or more."""
