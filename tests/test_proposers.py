@@ -540,10 +540,10 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
 def test_the_changes_measured_better_than_noise_are_proposed_together_first():
     """After a round of single changes, those whose pooled measurements beat no change by more
     than SURE standard errors (this node's own results and looks, on this parent or on the way
-    here, and claims the swarm's rule verified) are proposed first as one change: the better measured step of
-    each constant, of two edits of one line the better. Inside the noise, measured worse, never
-    measured as it stands, refuted by the looks at it, or a peer's numbers not verified yet
-    (any key can sign them): left out."""
+    here, and claims the swarm's rule verified) are proposed first as one change: the better
+    measured step of each constant, of two edits of one line the better. Inside the noise,
+    measured worse, never measured as it stands, refuted by the looks at it, or a peer's numbers
+    not verified yet (any key can sign them): left out."""
     from node.agent.offline import SURE, combination
 
     sigma, peer = 0.002, "12D3KooWpeer"
