@@ -116,23 +116,6 @@ def test_a_node_looks_again_until_the_claim_is_decided_or_it_has_given_its_share
     assert picked(results, budget) == []
 
 
-def test_claims_of_one_change_by_several_peers_are_one_question():
-    """Peers that found one change side by side (or built one bundle of the same wins) claim it
-    each: every node looks at the same one of them, the one with the most seeds behind it, and
-    at none once one of them is verified."""
-    same = [{**row(rid, who, gain), "child": "v1"} for rid, who, gain in
-            (("a", "alice", 0.03), ("b", "bob", 0.05), ("c", "carol", 0.04))]  # fmt: skip
-    other = {**row("d", "dave", 0.01), "child": "v2"}
-    assert picked([*same, other], []) == ["a", "d"]  # no seeds yet: the first by id
-    carols = looks("c", "erin", [0.004] * 2)  # open, two seeds behind it
-    assert picked([*same, other], carols) == ["c", "d"]
-    elsewhere = {**same[1], "id": "e", "parent": "q"}  # the same child from another parent
-    assert picked([*same, other, elsewhere], carols) == ["e", "c", "d"]
-    verified = looks("b", "erin", [0.05] * 3)
-    assert consensus.judge_claims(same, verified, RULES)["b"].state == "verified"
-    assert picked([*same, other], [*carols, *verified]) == ["d"]
-
-
 def test_a_held_claim_comes_again():
     results = [row("r1", "alice", 0.3)]
     once = [look("r1", "me", 0.3)]  # the profile's first win: held for more seeds

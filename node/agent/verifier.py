@@ -47,8 +47,7 @@ def claims_to_verify(
     looks can still move them (open, or held for more seeds: `consensus.judge_claims`), where
     this node's looks count (on the claim's committee, in a campaign with members), and that
     have fewer seeds behind them than the look budget (`Rules.look_budget`) and fewer than
-    `evidence.PEER_CAP` of this node's; by authors not in `skip` (those that lost standing);
-    of claims of one change (one parent and child) by several peers, one (`_one_per_change`).
+    `evidence.PEER_CAP` of this node's; by authors not in `skip` (those that lost standing).
 
     Claims built on the `head` this node adopted first (each would be the next head), then the
     rest of the frontier: claims built on the `baseline` or on a verified child, since only
@@ -92,7 +91,7 @@ def claims_to_verify(
         return claimed[0] if claimed else 0.0
 
     queues: dict[tuple[int, str], list[Mapping[str, Any]]] = {}
-    for r in sorted(_one_per_change(by_id, judged, wanted), key=lambda r: (-gain(r), r["id"])):
+    for r in sorted((r for r in by_id.values() if wanted(r)), key=lambda r: (-gain(r), r["id"])):
         tier = (0 if r["parent"] == head else 2 if r["parent"] in frontier else 4) + (
             r["id"] in tried
         )
@@ -106,25 +105,6 @@ def claims_to_verify(
         for turn, r in enumerate(queue)
     )  # fmt: skip
     return [r for _, r in ranked[:limit]]
-
-
-def _one_per_change(
-    by_id: Mapping[str, Mapping[str, Any]], judged: Mapping[str, Judgement],
-    wanted: Callable[[Mapping[str, Any]], bool],
-) -> list[Mapping[str, Any]]:  # fmt: skip
-    """Of the `wanted` claims, one per change (its parent and child): peers that found one change
-    side by side, or built one bundle of the same wins, claim it each, and it is one question.
-    None of a change one of whose claims is verified already; else the claim with the most
-    seeds behind it, ties by id, so that every node's looks go to the same one."""
-    settled = {
-        (by_id[rid]["parent"], by_id[rid]["child"])
-        for rid, j in judged.items() if j.state == "verified" and rid in by_id
-    }  # fmt: skip
-    claims: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in by_id.values():
-        if (r["parent"], r["child"]) not in settled and wanted(r):
-            claims.setdefault((r["parent"], r["child"]), []).append(r)
-    return [min(same, key=lambda r: (-judged[r["id"]].seeds, r["id"])) for same in claims.values()]
 
 
 def ledger_claims_to_verify(
