@@ -212,10 +212,10 @@ def combination(context: Context) -> tuple[str, str] | None:
     change goes in when the pooled mean beats zero by more than SURE standard errors. A peer's
     numbers, and the other peers' looks at a claim not verified yet, count for nothing: any key
     can sign them, and colluders' made-up looks put their changes of no gain into honest
-    combinations, verified as a whole on the real gains of the others. A change refuted or left unproven anywhere on the way stays out,
-    whatever else was measured of it. Only changes measured as they stand (a step of a
-    constant from its value here, an edit), the best first, one change of each constant; None
-    unless two or more."""
+    combinations, verified as a whole on the real gains of the others. A change refuted or left
+    unproven anywhere on the way stays out, whatever else was measured of it. Only changes
+    measured as they stand (a step of a constant from its value here, an edit), the best first,
+    one change of each constant; None unless two or more."""
     singles = single_changes(context.train_py, context.profile)
     sigma = sigma_of(context)
     looks: dict[str, list[tuple[float, float]]] = {}  # description: (value, its variance)
