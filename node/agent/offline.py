@@ -20,6 +20,8 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from node.agent.catalogue import (
     MAX_PAIRS,
     Part,
@@ -31,7 +33,7 @@ from node.agent.catalogue import (
 )
 from node.agent.errors import PatchError, ProposalRefused
 from node.agent.patch import change_hash, check_source
-from node.agent.proposers import Context, Proposal
+from node.agent.proposers import Attempt, Context, Proposal
 from node.trainer.profiles import PROFILES, Profile
 
 
@@ -60,16 +62,20 @@ def unread_constants(context: Context) -> set[str]:
 _MOVE = re.compile(
     r"^(?P<name>.+?) (?P<old>[-+.0-9e]+) -> (?P<new>[-+.0-9e]+)(?: on the \w+ profile)?$"
 )
-# What a single change does to val_bpb before any evidence about it: normal about 0, with the
-# spread the swarm measured for changes of its kind (the profile's model-size row, or the rest),
-# counted as PRIOR_WEIGHT measurements of EFFECT_SD paired sigmas (the node's, `Context.sigma`).
+# What a single change does to val_bpb (negative is better), in paired sigmas of the node
+# (`Context.sigma`), on a grid: fine about no effect, sparse far out where losses run.
+GRID = np.concatenate([np.linspace(-10.0, 10.0, 81), np.geomspace(10.5, 400.0, 30)])
+_WIDTH = np.gradient(GRID)
+# Before the swarm measured changes of a kind, one is expected to do N(0, EFFECT_SD sigmas),
+# and that guess weighs as much as PRIOR_WEIGHT measured changes (`_prior`).
 EFFECT_SD = 1.0
 PRIOR_WEIGHT = 4
-LEAST_SPREAD = 0.25  # sigmas
-SAME_EFFECT = 0.7  # correlation of a move's effect here with its effect on the way here
-OPTIMISM = 1.0  # a change is placed by its belief's mean minus this many of its sds
+FIT_ROUNDS = 40
+TAIL = 1e-9  # so that no measured value, however far out, is impossible
+DRIFT = 1.0  # sigmas: how far a move's effect here may be from its effect on the way here
 # Of a measured move's effect, the opposite move is expected to have minus this share.
 OPPOSITE_SHARE = 0.5
+AGAIN_RUNS = 3  # a single change discarded on a parent runs there at most this many times
 
 
 def move(description: str) -> tuple[str, int] | None:
@@ -95,23 +101,36 @@ def evidence_key(description: str) -> tuple[str, int] | None:
 
 @dataclass(frozen=True)
 class Belief:
-    """What a move is expected to do to val_bpb on the parent (negative is better): a normal."""
+    """What a move is expected to do to val_bpb on the parent (negative is better): its mean,
+    its sd, and the gain it may bring (`of_grid`)."""
 
     mean: float
     sd: float
+    gain: float
 
-    def given(self, looks: list[tuple[float, float]]) -> Belief:
-        """This belief moved by measurements, each (value, its variance): the normal posterior."""
-        precision = self.sd**-2 + sum(1 / var for _, var in looks)
-        mean = (self.mean * self.sd**-2 + sum(v / var for v, var in looks)) / precision
-        return Belief(mean, precision**-0.5)
+    @classmethod
+    def of_grid(cls, weights: np.ndarray, sigma: float, shift: float = 0.0) -> Belief:
+        """The belief that the effect is GRID + shift (sigmas) with these weights. Its gain is
+        the expected improvement: the mean of the part of it below no effect, made positive."""
+        x = GRID + shift
+        mean = float(weights @ x)
+        sd = float(weights @ (x - mean) ** 2) ** 0.5
+        return cls(mean * sigma, sd * sigma, float(weights @ np.maximum(-x, 0.0)) * sigma)
+
+    @classmethod
+    def normal(cls, mean: float, sd: float, sigma: float) -> Belief:
+        """A normal belief (bpb), on GRID."""
+        sd = max(sd / sigma, float(_WIDTH.min()))
+        weights = np.exp(-0.5 * ((GRID - mean / sigma) / sd) ** 2) * _WIDTH
+        return cls.of_grid(weights / weights.sum(), sigma)
 
     @property
     def score(self) -> float:
-        """Where the move is placed, lowest first: what it may do at best, within reason (the
-        mean less OPTIMISM sds), so that a measured difference inside the noise is no lead over
-        a move nobody measured, and a move with room to surprise comes before one without."""
-        return self.mean - OPTIMISM * self.sd
+        """Where the move is placed, lowest first: minus the gain it may bring. A move nobody
+        measured may be any of its kind's (mostly losses, a few gains); one measured a little
+        better than its parent is less likely one of the large losses, and comes first; one
+        measured inside the noise of no effect, with less room to surprise, after."""
+        return -self.gain
 
 
 def sigma_of(context: Context) -> float:
@@ -122,47 +141,66 @@ def sigma_of(context: Context) -> float:
     return profile.paired_noise if profile else Profile.paired_noise
 
 
+Look = tuple[float, float]  # a measurement of a move's effect: (value, its variance), in bpb
+
+
 @dataclass(frozen=True)
 class Beliefs:
     """What the evidence says of each move on a parent (`beliefs`)."""
 
     known: dict[tuple[str, int], Belief]
-    spread: dict[bool, float]  # a move's prior sd, by whether it steps the model-size row
+    sigma: float
+    prior: dict[bool, Belief]  # an unmeasured move's, by whether it steps the model-size row
     wide: frozenset[str]  # the constants of the profile's model-size row
 
+    @property
+    def spread(self) -> dict[bool, float]:
+        """An unmeasured move's sd, by kind."""
+        return {kind: belief.sd for kind, belief in self.prior.items()}
+
     def of(self, description: str) -> Belief:
-        """The belief about a change: a single one's, or of a pair, its two moves' sum."""
+        """The belief about a change: a single one's, or of a pair, the normal of its two
+        moves' sum."""
         parts = [self._one(evidence_key(part)) for part in description.split("; ")]
-        return Belief(sum(b.mean for b in parts), math.hypot(*(b.sd for b in parts)))
+        if len(parts) == 1:
+            return parts[0]
+        return Belief.normal(
+            sum(b.mean for b in parts), math.hypot(*(b.sd for b in parts)), self.sigma
+        )
+
+    def unmeasured(self, description: str) -> Belief:
+        """The belief about a single change of this kind that nobody measured."""
+        m = evidence_key(description)
+        return self.prior[bool(m) and m[0] in self.wide]
 
     def _one(self, m: tuple[str, int] | None) -> Belief:
-        return self.known.get(m) or Belief(0.0, self.spread[bool(m) and m[0] in self.wide])
+        return self.known.get(m) or self.prior[bool(m) and m[0] in self.wide]
 
 
 def beliefs(context: Context) -> Beliefs:
     """What the swarm's evidence says each move (a constant, up or down; an edit,
-    `evidence_key`) does on this parent: a normal belief per move.
+    `evidence_key`) does on this parent: a distribution on GRID per move.
 
-    A move starts at N(0, the spread of its kind): the root mean square of the single steps of
-    that kind (the constants of the profile's model-size row, or the others) measured on
-    this parent and the way's earlier versions, less their noise, with PRIOR_WEIGHT measurements
-    of EFFECT_SD sigmas. The steps verified or refuted on the way here (their pooled gain and
-    standard error) and those measured on the way's earlier versions (mean paired difference,
-    sigma^2 / seeds) tell what the move did there, which says SAME_EFFECT of what it does here;
-    every single step measured on this parent, by this node or a peer (its pairs, with this
-    node's looks at it), moves it last (one with no pairs by its unpaired difference, 2
-    sigma^2). A move none of these measured, whose opposite they did, starts at minus
+    A move starts from what the single steps of its kind (the constants of the profile's
+    model-size row, or the others) measured on this parent and the way's earlier versions did,
+    their noise taken out (`_prior`): most changes lose, some by far, a few gain. The steps
+    verified or refuted on the way here (their pooled gain and standard error) and those
+    measured on the way's earlier versions (mean paired difference, sigma^2 / seeds) tell what
+    the move did there, a look at what it does here with DRIFT's variance added; every single
+    step measured on this parent, by this node or a peer (its pairs, with this node's looks at
+    it), moves it last (one with no pairs by its unpaired difference, 2 sigma^2). A move none of
+    these measured, whose opposite they did, starts from its kind's prior moved by minus
     OPPOSITE_SHARE of the opposite's mean (a constant near its best sits in a valley: when down
     is worse, up is the way); an edit has no opposite."""
     sigma = sigma_of(context)
     wide = frozenset(n for names, _ in rows_of(context.train_py, context.profile) for n in names)
-    before: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    here: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    before: dict[tuple[str, int], list[Look]] = {}
+    here: dict[tuple[str, int], list[Look]] = {}
     for judged in (*context.lineage, *context.refuted):
         if (m := evidence_key(judged.description)) is not None:
             var = judged.se**2 if judged.se > 0 else sigma**2 / max(1, judged.seeds)
             before.setdefault(m, []).append((-judged.gain, var))
-    measured: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    measured: dict[bool, list[Look]] = {False: [], True: []}
     for attempts, into in ((context.earlier, before), (context.history, here)):
         for attempt in attempts:
             if (m := evidence_key(attempt.description)) is None:
@@ -175,27 +213,73 @@ def beliefs(context: Context) -> Beliefs:
                 continue
             into.setdefault(m, []).append(look)
             measured[m[0] in wide].append(look)
-    spread = {kind: _spread(looks, sigma) for kind, looks in measured.items()}
+    prior = {kind: _prior(looks, sigma) for kind, looks in measured.items()}
     out: dict[tuple[str, int], Belief] = {}
     for m in before.keys() | here.keys():
-        belief = Belief(0.0, spread[m[0] in wide])
-        if m in before:  # what it did there, then what that says of here
-            there = belief.given(before[m])
-            rest = belief.sd**2 * (1 - SAME_EFFECT**2)
-            belief = Belief(SAME_EFFECT * there.mean, (SAME_EFFECT**2 * there.sd**2 + rest) ** 0.5)
-        out[m] = belief.given(here.get(m, []))
+        kind = m[0] in wide
+        looks = [(v / sigma, var / sigma**2 + DRIFT**2) for v, var in before.get(m, [])]
+        looks += [(v / sigma, var / sigma**2) for v, var in here.get(m, [])]  # fmt: skip
+        out[m] = Belief.of_grid(_posterior(prior[kind], looks), sigma)
     for (name, way), belief in list(out.items()):
         if way and (name, -way) not in out:
-            out[(name, -way)] = Belief(-OPPOSITE_SHARE * belief.mean, spread[name in wide])
-    return Beliefs(out, spread, wide)
+            shift = -OPPOSITE_SHARE * belief.mean / sigma
+            out[(name, -way)] = Belief.of_grid(prior[name in wide], sigma, shift)
+    return Beliefs(out, sigma, {kind: Belief.of_grid(w, sigma) for kind, w in prior.items()}, wide)
 
 
-def _spread(looks: list[tuple[float, float]], sigma: float) -> float:
-    """The sd of what changes of one kind do, from their measurements (value, its variance):
-    their mean square less the noise's, with PRIOR_WEIGHT measurements of EFFECT_SD sigmas."""
-    excess = sum(value**2 - var for value, var in looks)
-    square = (excess + PRIOR_WEIGHT * (EFFECT_SD * sigma) ** 2) / (len(looks) + PRIOR_WEIGHT)
-    return max(square, (LEAST_SPREAD * sigma) ** 2) ** 0.5
+def _log_likelihood(looks: list[Look]) -> np.ndarray:
+    """Each look's log likelihood at each point of GRID (looks in sigmas): one row a look."""
+    value = np.array([v for v, _ in looks])[:, None]
+    var = np.array([var for _, var in looks])[:, None]
+    return -0.5 * (value - GRID) ** 2 / var - 0.5 * np.log(var)
+
+
+def _posterior(weights: np.ndarray, looks: list[Look]) -> np.ndarray:
+    """Weights on GRID moved by looks (in sigmas): the prior times their likelihoods."""
+    if not looks:
+        return weights
+    log = np.log(np.maximum(weights, 1e-300)) + _log_likelihood(looks).sum(axis=0)
+    out = np.exp(log - log.max())
+    return out / out.sum()
+
+
+def _prior(looks: list[Look], sigma: float) -> np.ndarray:
+    """What changes of one kind do, as weights on GRID, from their measurements (value, its
+    variance, in bpb): the distribution that best explains them once their noise is added
+    (fitted by expectation-maximisation, the nonparametric maximum likelihood of empirical
+    Bayes), with PRIOR_WEIGHT measurements' worth of N(0, EFFECT_SD) mixed in."""
+    base = (np.exp(-0.5 * (GRID / EFFECT_SD) ** 2) + TAIL) * _WIDTH
+    base /= base.sum()
+    if not looks:
+        return base
+    log = _log_likelihood([(v / sigma, var / sigma**2) for v, var in looks])
+    log -= log.max(axis=1, keepdims=True)
+    likely = np.exp(log)
+    weights = base
+    for _ in range(FIT_ROUNDS):
+        share = likely * weights
+        share /= share.sum(axis=1, keepdims=True)
+        weights = (PRIOR_WEIGHT * base + share.sum(axis=0)) / (PRIOR_WEIGHT + len(looks))
+    return weights
+
+
+def again(context: Context, known: Beliefs) -> dict[str, int]:
+    """{change hash: the times it ran on this parent} for the single changes worth another run
+    there: every run of it a peer's discard, fewer than AGAIN_RUNS, and the evidence now saying
+    it may gain more than a change of its kind nobody measured (`Belief.gain`). A real gain of
+    one paired sigma is discarded by one research run seven times in eight (the margin is two):
+    tried once and never again, a head's last wins are lost to noise and the swarm stalls
+    there with them untried. Another node runs it, on its own seeds; one that ran it never
+    does, its seeds would repeat its runs."""
+    runs: dict[str, list[Attempt]] = {}
+    for attempt in context.history:
+        runs.setdefault(attempt.diff_hash, []).append(attempt)
+    return {
+        change: len(attempts) for change, attempts in runs.items()
+        if "; " not in attempts[0].description and len(attempts) < AGAIN_RUNS
+        and all(a.outcome == "discard" and a.by not in ("this node", context.me) for a in attempts)
+        and known.of(attempts[0].description).gain > known.unmeasured(attempts[0].description).gain
+    }  # fmt: skip
 
 
 SURE = 1.5  # a change joins a combination when its measurements beat no change by this many se
@@ -298,16 +382,24 @@ class OfflineProposer:
         for a, b in pairs[:MAX_PAIRS]:
             yield f"{a.description}; {b.description}", with_lines(source, (a, b))
 
-    def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
-        """The candidates in the order this node tries them: this node's share first when it
-        knows itself and its peers, so that no two nodes start on one change (a node whose share
-        holds no single step starts on its pairs, not on another node's single); single steps
-        before pairs within each; then by what the swarm's evidence, with its uncertainty, says
-        the change may do at best (`beliefs`, `Belief.score`; a pair, its two moves' sum); ties
-        (moves of one prior, unmeasured) in the seed's order. The combination of the changes
-        measured better than noise (`combination`) is everyone's and placed as a single change
-        by the sum of its parts, which puts it first."""
+    def _plan(self, context: Context) -> tuple[Iterator[tuple[str, str]], dict[str, int]]:
+        """(the candidates in the order this node tries them, the tried ones among them worth
+        another run: `again`).
+
+        This node's share first when it knows itself and its peers, so that no two nodes start
+        on one change (a node whose share holds no single step starts on its pairs, not on
+        another node's single); single steps before pairs within each; then by the gain the
+        swarm's evidence, with its uncertainty, says the change may bring (`beliefs`,
+        `Belief.score`; a pair, its two moves' sum); ties (moves of one prior, unmeasured) in
+        the seed's order. Another run of a change is the share of one of the peers that did not
+        run it, drawn anew for each run. The combination of the changes measured better than
+        noise (`combination`) is everyone's and placed as a single change by the sum of its
+        parts, which puts it first."""
         known = beliefs(context)
+        more = again(context, known)
+        ran: dict[str, set[str]] = {}
+        for attempt in context.history:
+            ran.setdefault(attempt.diff_hash, set()).add(attempt.by)
         together = combination(context)
         candidates = [*([together] if together else []),
                       *self.candidates(context.train_py, context.profile)]  # fmt: skip
@@ -319,24 +411,34 @@ class OfflineProposer:
             if index == 0 and together:  # everyone's: it changes as evidence comes in
                 return False, False, False, score, index
             change = _change_hash(context.train_py, child)
-            owner = share_of(change, peers) if peers else context.me
+            pool = peers
+            if change in more:  # its next run: a draw of its own, among those that did not run it
+                pool = peers - ran[change]
+                change = f"{change}:{more[change]}"
+            owner = share_of(change, pool) if pool else context.me
             # of another's share, first those this node would take should their owner go quiet
             # (the next by the same ranking): two nodes done with their own take different ones
-            later = owner != context.me and share_of(change, peers - {owner}) != context.me
+            later = owner != context.me and share_of(change, pool - {owner}) != context.me
             return owner != context.me, "; " in description, later, score, index
 
-        for _, candidate in sorted(enumerate(candidates), key=place):
-            yield candidate
+        return (c for _, c in sorted(enumerate(candidates), key=place)), more
+
+    def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
+        """The candidates in the order this node tries them (`_plan`)."""
+        return self._plan(context)[0]
 
     def propose(self, context: Context) -> Proposal:
         parent, tried = context.parent, context.tried_hashes
         unseen = unread_constants(context)
         seen: set[str] = set()
-        for description, child in self._ordered(context):
+        ordered, more = self._plan(context)
+        beyond = context.tried - {a.diff_hash for a in context.history}  # a queue's merges, say
+        for description, child in ordered:
             if child == context.train_py or unseen & _constants(description):
                 continue
             key = _change_hash(context.train_py, child)
-            if key in tried or key in seen or (parent, key) in self._proposed:
+            if (key in tried and (key not in more or key in beyond)) or key in seen or (
+                parent, key) in self._proposed:  # fmt: skip
                 continue
             seen.add(key)
             try:
@@ -359,8 +461,8 @@ class FixedList(OfflineProposer):
 
     kind = "fixed"
 
-    def _ordered(self, context: Context) -> Iterator[tuple[str, str]]:
-        return self.candidates(context.train_py, context.profile)
+    def _plan(self, context: Context) -> tuple[Iterator[tuple[str, str]], dict[str, int]]:
+        return self.candidates(context.train_py, context.profile), {}
 
 
 # `--proposer`: the offline proposers a node can run, by name
