@@ -803,3 +803,25 @@ def test_a_peers_description_of_any_form_moves_nothing_and_breaks_nothing(descri
     odd = Attempt(description, "discard", 0.5, "h", "12D3KooWpeer", paired=(0.5,))
     assert move(description) is None
     OfflineProposer(0).propose(Context(BASELINE, PROGRAM, "test", history=(odd,), earlier=(odd,)))
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("value", [-1e6, -3.0, 5e4, 1e-12])
+def test_a_peers_numbers_however_far_out_order_everything_and_break_nothing(value):
+    """Any key can sign any paired differences: numbers far past what a run can measure, on
+    single changes and pairs alike, leave every belief finite, and the proposer proposes."""
+    import math
+
+    from node.agent.offline import beliefs
+
+    odd = tuple(
+        Attempt(d, "discard", value, f"h{i}", "12D3KooWpeer", paired=(value, value))
+        for i, d in enumerate(("HEAD_LR 0.004 -> 0.002", "WARMDOWN 0.4 -> 0.2",
+                               "HEAD_LR 0.004 -> 0.002; WARMDOWN 0.4 -> 0.2"))
+    )  # fmt: skip
+    context = Context(BASELINE, PROGRAM, "test", history=odd, earlier=odd, sigma=0.002)
+    known = beliefs(context)
+    pair = known.of("HEAD_LR 0.004 -> 0.0056; WARMDOWN 0.4 -> 0.56")
+    assert all(math.isfinite(x) for b in (*known.known.values(), pair)
+               for x in (b.mean, b.sd, b.gain))  # fmt: skip
+    assert OfflineProposer(0).propose(context).description

@@ -119,9 +119,10 @@ class Belief:
 
     @classmethod
     def normal(cls, mean: float, sd: float, sigma: float) -> Belief:
-        """A normal belief (bpb), on GRID."""
+        """A normal belief (bpb), on GRID (one centred past its ends, on the nearest end)."""
         sd = max(sd / sigma, float(_WIDTH.min()))
-        weights = np.exp(-0.5 * ((GRID - mean / sigma) / sd) ** 2) * _WIDTH
+        log = -0.5 * ((GRID - mean / sigma) / sd) ** 2 + np.log(_WIDTH)
+        weights = np.exp(log - log.max())
         return cls.of_grid(weights / weights.sum(), sigma)
 
     @property
