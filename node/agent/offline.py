@@ -2,10 +2,11 @@
 order the swarm's evidence moves.
 
 It needs no network and no key, so a laptop without a model still contributes. Deterministic
-for a seed, a parent and what the ledger holds; it never proposes a change already tried on
-that parent, tries first the changes measured better than noise there, together
-(`combination`), then the moves that measured steps on it and on its lineage favour. Its
-catalogue of changes is `node.agent.catalogue`'s.
+for a seed, a parent and what the ledger holds; it proposes a change already tried on that
+parent only when its runs there were a peer's discards that the evidence still favours
+(`again`, at most AGAIN_RUNS in all), tries first the changes measured better than noise there,
+together (`combination`), then the moves that measured steps on it and on its lineage favour.
+Its catalogue of changes is `node.agent.catalogue`'s.
 """
 
 from __future__ import annotations
