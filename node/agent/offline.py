@@ -220,7 +220,7 @@ def beliefs(context: Context) -> Beliefs:
     for m in before.keys() | here.keys():
         kind = m[0] in wide
         looks = [(v / sigma, var / sigma**2 + DRIFT**2) for v, var in before.get(m, [])]
-        looks += [(v / sigma, var / sigma**2) for v, var in here.get(m, [])]  # fmt: skip
+        looks += [(v / sigma, var / sigma**2) for v, var in here.get(m, [])]
         out[m] = Belief.of_grid(_posterior(prior[kind], looks), sigma)
     for (name, way), belief in list(out.items()):
         if way and (name, -way) not in out:
