@@ -537,9 +537,9 @@ def test_offline_proposer_follows_the_evidence_of_every_peer_on_the_head_and_on_
     assert "MATRIX_LR" in first_pair and "HEAD_LR" in first_pair
 
 
-def test_a_change_a_peer_discarded_on_a_pair_that_favoured_it_runs_again_on_another_node():
+def test_a_change_a_peer_discarded_on_seeds_that_favoured_it_runs_again_on_another_node():
     """A real gain of one sigma fails the margin of two more often than not: a single change a
-    peer discarded on a pair that favoured it (the evidence now says it may gain more than a
+    peer discarded on seeds that favoured it (the evidence now says it may gain more than a
     change nobody measured) is proposed again, by one node of those that did not run it, up to
     AGAIN_RUNS runs in all. Not one the evidence does not favour, nor one this node ran (its
     seeds would repeat its runs), nor a kept one, nor a running one, nor a pair."""
