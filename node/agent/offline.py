@@ -172,11 +172,13 @@ class Beliefs:
 
     def unmeasured(self, description: str) -> Belief:
         """The belief about a single change of this kind that nobody measured."""
-        m = evidence_key(description)
-        return self.prior[bool(m) and m[0] in self.wide]
+        return self._prior_of(evidence_key(description))
 
     def _one(self, m: tuple[str, int] | None) -> Belief:
-        return self.known.get(m) or self.prior[bool(m) and m[0] in self.wide]
+        return self.known.get(m) or self._prior_of(m)
+
+    def _prior_of(self, m: tuple[str, int] | None) -> Belief:
+        return self.prior[bool(m) and m[0] in self.wide]
 
 
 def beliefs(context: Context) -> Beliefs:
@@ -230,10 +232,11 @@ def beliefs(context: Context) -> Beliefs:
 
 
 def _log_likelihood(looks: list[Look]) -> np.ndarray:
-    """Each look's log likelihood at each point of GRID (looks in sigmas): one row a look."""
+    """Each look's log likelihood at each point of GRID (looks in sigmas), up to a constant
+    of the look: one row a look."""
     value = np.array([v for v, _ in looks])[:, None]
     var = np.array([var for _, var in looks])[:, None]
-    return -0.5 * (value - GRID) ** 2 / var - 0.5 * np.log(var)
+    return -0.5 * (value - GRID) ** 2 / var
 
 
 def _posterior(weights: np.ndarray, looks: list[Look]) -> np.ndarray:
