@@ -128,6 +128,7 @@ def _check_columns(rows: list[Mapping[str, Any]], columns: Sequence[str], what: 
 def judge_claim(
     claim: Mapping[str, Any], looks: Iterable[Mapping[str, Any]], rules: Rules,
     silenced: Collection[str] = (), order: Sequence[str] | None = None,
+    suspects: Collection[str] = (),
 ) -> Judgement:  # fmt: skip
     """One claim's judgement from its own looks alone, those that count: by a peer other than
     its author and not `silenced`, with the same harness and profile (another harness measures
@@ -139,7 +140,9 @@ def judge_claim(
     with `rules.look_budget` seeds behind it (a gain too small to tell from noise, if any: a
     change of no gain is refuted only after some 30 seeds, so verifiers stop before). What
     depends on other claims (the hold) is `settle`'s: a ledger can keep this per claim and
-    update it at every look. `order`: the claim's `committees.ranking`, where the caller has it."""
+    update it at every look. `order`: the claim's `committees.ranking`, where the caller has it.
+    A claim of one of the `suspects` (`suspects`) verifies only once a replay of its author's
+    seed backs its numbers."""
     members, size = rules.members_for(claim), rules.committee_size
     order = order if order is not None or members is None else committees.ranking(claim, rules)
     seats = None if order is None else committees.seated(order, silenced, size)
@@ -152,7 +155,8 @@ def judge_claim(
     counted = [v for v in reports if v["author"] not in silenced
                and (seats is None or v["author"] in seats)]  # fmt: skip
     j = evidence.judge(claim, counted, quorum=rules.quorum, sigma=rules.sigma,
-                       tolerance=rules.tolerance, reports=reports)  # fmt: skip
+                       tolerance=rules.tolerance, reports=reports,
+                       suspect=claim["author"] in suspects)  # fmt: skip
     if j.state == "open" and j.seeds >= rules.look_budget and not j.disputed:
         j = dataclasses.replace(j, state=UNPROVEN, reason=f"unproven: {j.reason}")
     return j if seats is None else dataclasses.replace(j, seats=seats)
@@ -195,7 +199,9 @@ def judge_claims(
     silenced: Collection[str] = (),
 ) -> dict[str, Judgement]:
     """{result id: its judgement} for every kept result given (`judge_claim`, then `settle`),
-    the looks of the peers a replay contradicted anywhere (`contradicted`) left out everywhere.
+    the looks of the peers a replay contradicted anywhere (`contradicted`) left out everywhere,
+    and the claims of the peers replays caught anywhere (`suspects`) verified only once a
+    replay of their own seed backs them.
 
     `results` carry id, author, profile, harness, parent, child, outcome (and child_scores,
     parent_scores, device for replays and the author's own look); `verifications` carry result,
@@ -220,6 +226,10 @@ def judge_claims(
                 out & (committees.panel(by_id[rid], rules) or set())
             ):
                 judged[rid] = judge_claim(by_id[rid], per_claim[rid], rules, silenced)
+    caught = suspects(judged, by_id)  # judging a claim again changes none of this set
+    for rid in sorted(by_id):
+        if by_id[rid]["author"] in caught and judged[rid].state == "verified":
+            judged[rid] = judge_claim(by_id[rid], per_claim[rid], rules, silenced, None, caught)
     return settle(judged, by_id)
 
 
@@ -227,6 +237,18 @@ def contradicted(judged: Mapping[str, Judgement]) -> frozenset[str]:
     """The peers whose signed look a replay contradicted, on any claim: a look no run stands
     behind is no noise, so such a peer's looks count on no claim (`judge_claims`)."""
     return frozenset(peer for j in judged.values() for peer in j.contradicted)
+
+
+def suspects(
+    judged: Mapping[str, Judgement], by_id: Mapping[str, Mapping[str, Any]]
+) -> frozenset[str]:
+    """The peers that replays caught signing scores no run of theirs stands behind, on any
+    claim: the authors of claims found misreported, and the peers whose looks were contradicted
+    (`contradicted`). Their other claims' numbers are no longer taken at their word: each
+    verifies only once a replay of its author's seed gives them (`evidence.judge`), so that a
+    liar's claims that nobody replayed yet fall with the one that was."""
+    misreported = (by_id[rid]["author"] for rid, j in judged.items() if j.state == "misreported")
+    return contradicted(judged) | frozenset(misreported)
 
 
 def settle(

@@ -315,6 +315,7 @@ def judge(
     sigma: float,
     tolerance: float,
     reports: Iterable[Mapping[str, Any]] | None = None,
+    suspect: bool = False,
 ) -> Judgement:
     """The state of one claim (a result row: author, child_scores, parent_scores, device) from
     the looks that count (verification rows by peers other than its author):
@@ -325,8 +326,10 @@ def judge(
     - void: at least `quorum` peers' harnesses refused the child's run, more than scored it;
     - verified: the pooled gain passes the sequential test for a gain above zero (`log_evalue`,
       at ALPHA) with the quorum - 1 most favourable peers left out, at least `quorum` peers;
-      but open, `awaits_replay`, while the author's claimed gain lies more than OUTLIER_Z
-      standard errors above the pooled estimate and no replay of its seed gave its numbers;
+      but open, `awaits_replay`, while no replay of the author's seed gave its numbers and
+      either the author's claimed gain lies more than OUTLIER_Z standard errors above the
+      pooled estimate or the author is a `suspect`: replays found it signing scores no run of
+      its stands behind, on another claim or look (`consensus.suspects`);
     - refuted: the same test says the gain is below FUTILITY sigmas, with the quorum - 1 least
       favourable peers left out;
     - open: neither yet, or disputed (no majority of the peers agrees: `_outliers`). A state is
@@ -378,13 +381,17 @@ def judge(
     if disputed:
         return Judgement("open", **base, reason="disputed: no majority of its verifiers agree")
     if _passes(pool, quorum, sigma, 0.0, +1):
-        if author_z is not None and author_z > OUTLIER_Z and len(replays) == len(off):
-            # The author signed a gain its verifiers' looks cannot explain: its numbers are
-            # taken only once a replay of its own seed gives them.
+        overclaimed = author_z is not None and author_z > OUTLIER_Z
+        if (overclaimed or suspect) and len(replays) == len(off):
+            # The author signed a gain its verifiers' looks cannot explain, or replays caught it
+            # signing scores no run stands behind elsewhere: its numbers are taken only once a
+            # replay of its own seed gives them.
+            why = (f"its author's claimed gain lies {author_z:.1f} standard errors above what "
+                   f"its verifiers measured" if overclaimed else "replays found its author "
+                   "signing scores no run stands behind, on another claim")  # fmt: skip
             return Judgement(
                 "open", **base, awaits_replay=True,
-                reason=f"its author's claimed gain lies {author_z:.1f} standard errors above "
-                f"what its verifiers measured: it waits for a replay of the author's seed",
+                reason=f"{why}: it waits for a replay of the author's seed",
             )  # fmt: skip
         return Judgement("verified", **base, reason=_summary(gain, se, n, len(pool), checked))
     if _passes(pool, quorum, sigma, FUTILITY * sigma, -1):

@@ -138,7 +138,7 @@ class Ledger(JudgedClaims):
                 step(self.db)
             self.conn.execute(f"PRAGMA user_version={max(version, len(MIGRATIONS))}")
             self.schema_version = max(version, len(MIGRATIONS))
-            if 0 < version < 8:  # an older release's claims, judged once: ranking heads kept
+            if 0 < version < 9:  # an older release's claims, judged once under this one's rule
                 self._judge_claims(self.conn)
 
     @contextmanager

@@ -26,13 +26,19 @@ class JudgedClaims(LedgerQueries):
         A peer that a replay of its seed contradicts on any claim is out of every claim
         (`consensus.contradicted`), nor holds a seat on a committee (`committees.panel`): when
         one comes into that set, or leaves it, the claims where that changes which looks count
-        are judged again (`_recounted`)."""
-        out = self._contradicted(conn)
+        are judged again (`_recounted`). Then, when the peers replays caught signing scores no
+        run stands behind (`consensus.suspects`) change, their claims are judged again: a
+        suspect's claim verifies only once a replay of its own seed backs it."""
+        out, caught = self._contradicted(conn), self._suspects(conn)
         sql = f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'"
-        self._judge(conn, self._kept(sql, ids), out)
+        self._judge(conn, self._kept(sql, ids), out, caught)
         now = self._contradicted(conn)
         if now != out:
-            self._judge(conn, self._kept(sql, self._recounted(conn, out, now)), now)
+            self._judge(conn, self._kept(sql, self._recounted(conn, out, now)), now, caught)
+        if (still := self._suspects(conn)) != caught:
+            marks = ", ".join("?" * len(still ^ caught))
+            sql += f" AND author IN ({marks})"
+            self._judge(conn, self._kept(sql, None, sorted(still ^ caught)), now, still)
 
     def _recounted(
         self, conn: sqlite3.Connection, out: frozenset[str], now: frozenset[str]
@@ -101,12 +107,14 @@ class JudgedClaims(LedgerQueries):
             ))  # fmt: skip
         return found
 
-    def _kept(self, sql: str, ids: Iterable[str] | None) -> list[dict[str, Any]]:
+    def _kept(
+        self, sql: str, ids: Iterable[str] | None, params: Iterable[Any] = ()
+    ) -> list[dict[str, Any]]:
         """The rows of `sql` (kept results), those of `ids` alone unless None."""
         if ids is None:
-            return self.rows(sql)
+            return self.rows(sql, tuple(params))
         return [row for marks, part in _in_parts(list(ids))
-                for row in self.rows(f"{sql} AND id IN ({marks})", part)]  # fmt: skip
+                for row in self.rows(f"{sql} AND id IN ({marks})", (*params, *part))]  # fmt: skip
 
     def contradicted(self) -> frozenset[str]:
         """The peers a replay contradicted on some claim (`consensus.contradicted`): their looks
@@ -126,15 +134,25 @@ class JudgedClaims(LedgerQueries):
             )
         )  # fmt: skip
 
+    def suspects(self) -> frozenset[str]:
+        """The peers replays caught signing scores no run stands behind (`consensus.suspects`):
+        their claims verify only once a replay of their own seed backs them."""
+        return self._suspects(self.conn)
+
     def _contradicted(self, conn: sqlite3.Connection) -> frozenset[str]:
         rows = conn.execute(
             "SELECT contradicted FROM claims WHERE contradicted IS NOT NULL"
         ).fetchall()
         return frozenset(peer for (text,) in rows for peer in json.loads(text))
 
+    def _suspects(self, conn: sqlite3.Connection) -> frozenset[str]:
+        rows = conn.execute("SELECT DISTINCT author FROM claims WHERE state = 'misreported'")
+        return self._contradicted(conn) | {author for (author,) in rows}
+
     def _judge(
-        self, conn: sqlite3.Connection, claims: Iterable[Mapping[str, Any]], out: frozenset[str]
-    ) -> None:
+        self, conn: sqlite3.Connection, claims: Iterable[Mapping[str, Any]], out: frozenset[str],
+        caught: frozenset[str],
+    ) -> None:  # fmt: skip
         rules, heads = functools.cache(self.rules), []
         for claim in claims:
             looks = self.rows(
@@ -142,7 +160,7 @@ class JudgedClaims(LedgerQueries):
             )
             r = rules(claim["profile"])
             order = committees.ranking(claim, r)
-            j = consensus.judge_claim(claim, looks, r, out, order)
+            j = consensus.judge_claim(claim, looks, r, out, order, caught)
             conn.execute(
                 "INSERT OR REPLACE INTO claims VALUES "
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -156,6 +156,14 @@ def _schema_8(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX ranks_claim ON ranks (claim, rank)")
 
 
+def _schema_9(db: sqlite_utils.Database) -> None:
+    """Release 9: the claims of a peer that replays caught signing scores no run stands behind
+    verify only once a replay of their own seed backs them (`consensus.suspects`); the authors
+    of claims found misreported are found without reading every claim. `Ledger` judges every
+    claim once when it brings a ledger to this release."""
+    db.execute("CREATE INDEX claims_misreported ON claims (author) WHERE state = 'misreported'")
+
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_1,
@@ -166,4 +174,5 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_6,
     _schema_7,
     _schema_8,
+    _schema_9,
 ]

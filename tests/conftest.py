@@ -54,13 +54,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def make_result(
     who: Identity, seq: int, parent: str, child: str, val_bpb: float | None, *,
     outcome: str = "keep", profile: str = "cpu", harness: str = HARNESS, time_ms: int | None = None,
-    description: str = "an experiment",
+    description: str = "an experiment", device: str = "",
 ) -> wire.Fact:  # fmt: skip
     metrics = {"val_bpb": val_bpb, "steps": 100, "tokens": 51200, "train_seconds": 60.0,
                "total_seconds": 75.5, "peak_memory_mb": 812.0, "mfu": 0.02}  # fmt: skip
     body = wire.result_body(
         parent=parent, child=child, diff=f"diff {seq} {child}".encode(), description=description,
         profile=profile, harness=harness, seed=seq, outcome=outcome, metrics=metrics,
+        device=device,
     )  # fmt: skip
     return wire.sign(
         who, "result", CAMPAIGN, seq, body, T0 + seq * 1000 if time_ms is None else time_ms

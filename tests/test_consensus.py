@@ -365,6 +365,33 @@ def test_a_replay_that_differs_from_the_signed_score_makes_the_claim_misreported
     )  # a replay elsewhere proves nothing
 
 
+def test_a_peer_replays_caught_once_has_its_other_wins_wait_for_replays_of_their_own():
+    """Replays found author a's scores on r1 made up: its win r2, which looks alone verify (a
+    real gain, its numbers off only where a replay shows it), now waits for a replay of its own
+    seed, and so does r3 by d, whose look at another claim replays contradicted. A replay that
+    gives the signed score verifies it again; one that does not finds it misreported too."""
+    caught = [result("r1", "a", BASELINE, V1, claimed=0.03)]  # signed child 1.47
+    caught += [result("r2", "a", BASELINE, V2, claimed=0.02), result("r3", "d", BASELINE, V3)]
+    seen = [look("r1", "b", 0.0, replay=1.50), *looks("r2", "b", [0.02] * 4),
+            *looks("r3", "b", [0.02] * 4)]  # fmt: skip
+    judged = judge_claims(caught, seen, RULES)
+    assert judged["r1"].state == "misreported"
+    assert judged["r2"].state == "open" and judged["r2"].awaits_replay
+    assert "another claim" in judged["r2"].reason
+    assert judged["r3"].state in ("verified", HELD)  # d has done nothing yet
+    assert consensus.suspects(judged, {r["id"]: r for r in caught}) == {"a"}
+    made_up = [report("r1", "d", 50 + k, 1.40, 1.45) for k in range(2)]  # d's looks at r1...
+    replays = [report("r1", h, 50, 1.50, 1.50) for h in ("h1", "h2")]  # ...that replays deny
+    judged = judge_claims(caught, [*seen, *made_up, *replays], RULES)
+    assert judged["r1"].contradicted == ("d",) and judged["r3"].awaits_replay
+    backed = [*seen, look("r2", "c", 0.02, seed=200, replay=1.48)]  # the signed child score
+    assert state(caught, backed, rid="r2") in ("verified", HELD)
+    denied = [*seen, look("r2", "c", 0.02, seed=200, replay=1.53)]
+    assert state(caught, denied, rid="r2") == "misreported"
+    honest = [result("r2", "a", BASELINE, V2, claimed=0.02)]  # without r1: taken at its word
+    assert state(honest, seen, rid="r2") in ("verified", HELD)
+
+
 def test_a_framers_replay_against_agreeing_replays_is_an_outlier():
     results = [result("r1", "a", BASELINE, V1, claimed=0.03)]
     rows = [look("r1", "b", 0.03, replay=1.47), look("r1", "c", 0.03, replay=1.47),

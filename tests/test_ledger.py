@@ -14,6 +14,7 @@ import pytest
 from conftest import (
     BASELINE,
     CAMPAIGN,
+    HARNESS,
     T0,
     confirming_looks,
     make_result,
@@ -220,6 +221,7 @@ def test_a_ledger_of_an_older_release_gets_each_claims_ranking_head_when_opened(
         set_terms(book, members=members)
         book.ingest(r1.raw)
         book.conn.execute("DROP TABLE ranks")
+        book.conn.execute("DROP INDEX claims_misreported")  # release 9's
         if release == 7:
             book.conn.execute("ALTER TABLE claims ADD COLUMN seats TEXT")
             book.conn.execute("ALTER TABLE claims ADD COLUMN reserve TEXT")
@@ -302,6 +304,51 @@ def test_a_peer_a_replay_contradicts_counts_on_no_claim_whatever_the_order(
     assert {rid: (j.state, j.seeds) for rid, j in pure.items()} == {
         rid: (j.state, j.seeds) for rid, j in kept.items()
     }
+
+
+@pytest.mark.parametrize("caught_first", [False, True])
+def test_a_caught_authors_other_wins_wait_for_a_replay_whatever_the_order(
+    book, alice, bob, carol, caught_first
+):
+    """bob's replay of alice's seed finds her r1 misreported; her r2, which carol's looks alone
+    would verify, then waits for a replay of its own seed, and the head leaves it, in whatever
+    order the facts arrive; a replay that gives her signed score brings it back. The ledger's
+    kept judgements are the pure rule's."""
+    r1 = make_result(alice, 1, BASELINE, V1, 1.40)
+    r2 = make_result(alice, 2, BASELINE, V2, 1.35, device="cpu")
+    caught = make_verification(bob, 1, r1, "misreported", delta=0.0)
+    seen = confirming_looks(carol, 1, r2)
+    for f in [r1, r2, *([caught, *seen] if caught_first else [*seen, caught])]:
+        book.ingest(f.raw)
+    _, kept, _ = book.standings("cpu", every=True)
+    assert kept[r1.id].state == "misreported" and kept[r2.id].state == "open"
+    assert book.suspects() == {alice.peer_id} and book.head("cpu") == BASELINE
+    results, looks = book.claim_rows("cpu")
+    pure = consensus.judge_claims(results, looks, book.rules("cpu"))
+    assert {rid: j.state for rid, j in pure.items()} == {rid: j.state for rid, j in kept.items()}
+    body = wire.verification_body(
+        result=r2.id, child_val_bpb=1.35, parent_val_bpb=1.40, seed=2, profile="cpu",
+        harness=HARNESS, verdict="confirm", replay_val_bpb=1.35, device="cpu",
+    )  # fmt: skip
+    book.ingest(wire.sign(bob, "verification", CAMPAIGN, 2, body, T0 + 600_000).raw)
+    assert book.head("cpu") == V2
+
+
+def test_a_ledger_of_release_8_has_a_caught_authors_wins_judged_again_when_opened(
+    tmp_path, alice, bob, carol
+):
+    r1, r2 = make_result(alice, 1, BASELINE, V1, 1.40), make_result(alice, 2, BASELINE, V2, 1.35)
+    facts = [r1, r2, make_verification(bob, 1, r1, "misreported", delta=0.0),
+             *confirming_looks(carol, 1, r2)]  # fmt: skip
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:  # as release 8 left it:
+        set_terms(book)
+        book.ingest_many([f.raw for f in facts])
+        book.conn.execute("UPDATE claims SET state = 'verified' WHERE id = ?", (r2.id,))
+        book.conn.execute("DROP INDEX claims_misreported")
+        book.conn.execute("PRAGMA user_version = 8")
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as now:
+        assert now.rows("SELECT state FROM claims WHERE id = ?", (r2.id,)) == [{"state": "open"}]
+        assert now.head("cpu") == BASELINE
 
 
 @pytest.mark.parametrize("contradiction_first", [False, True])

@@ -719,7 +719,7 @@ class Researcher:
                 f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
             )
             rules = self.ledger.rules(self.profile.name, self.quorum)
-            j = consensus.judge_claim(claim, rows, rules)
+            j = consensus.judge_claim(claim, rows, rules, suspects=self.ledger.suspects())
             author_seed = j.awaits_replay and self._replays_due(claim)
         try:
             verified = verify_claim(
