@@ -1,7 +1,8 @@
 """The ledger's judgements of its kept claims, kept at ingest (`JudgedClaims`, the judging half
 of `Ledger`, node/ledger.py): each claim judged again from its own looks when one arrives, and
 the claims whose counted looks change when a peer a replay contradicted comes into the set of
-such peers or leaves it, found by the head of its committee's ranking each claim keeps.
+such peers or leaves it, found by the head of its committee's ranking each claim keeps; and the
+claims of a peer that comes into the suspects (`consensus.suspects`) or leaves them.
 """
 
 from __future__ import annotations
@@ -29,16 +30,31 @@ class JudgedClaims(LedgerQueries):
         are judged again (`_recounted`). Then, when the peers replays caught signing scores no
         run stands behind (`consensus.suspects`) change, their claims are judged again: a
         suspect's claim verifies only once a replay of its own seed backs it."""
-        out, caught = self._contradicted(conn), self._suspects(conn)
+        out = self._contradicted(conn)
+        caught = out | self._misreporting(conn)
         sql = f"SELECT {RESULT_COLUMNS} FROM results WHERE outcome = 'keep'"
         self._judge(conn, self._kept(sql, ids), out, caught)
         now = self._contradicted(conn)
         if now != out:
             self._judge(conn, self._kept(sql, self._recounted(conn, out, now)), now, caught)
-        if (still := self._suspects(conn)) != caught:
-            marks = ", ".join("?" * len(still ^ caught))
-            sql += f" AND author IN ({marks})"
-            self._judge(conn, self._kept(sql, None, sorted(still ^ caught)), now, still)
+        if (still := now | self._misreporting(conn)) != caught:
+            self._judge(conn, self._kept(sql, self._changing(conn, caught, still)), now, still)
+
+    def _changing(
+        self, conn: sqlite3.Connection, caught: frozenset[str], still: frozenset[str]
+    ) -> set[str]:
+        """The claims whose state can change when the suspects go from `caught` to `still`:
+        the verified claims of those that came (each now waits for a replay of its seed), the
+        open ones of those that left (each may have been waiting)."""
+        found: set[str] = set()
+        for peers, state in ((still - caught, "verified"), (caught - still, "open")):
+            if peers:
+                marks = ", ".join("?" * len(peers))
+                found.update(row[0] for row in conn.execute(
+                    f"SELECT id FROM claims WHERE state = ? AND author IN ({marks})",
+                    (state, *sorted(peers)),
+                ))  # fmt: skip
+        return found
 
     def _recounted(
         self, conn: sqlite3.Connection, out: frozenset[str], now: frozenset[str]
@@ -107,14 +123,12 @@ class JudgedClaims(LedgerQueries):
             ))  # fmt: skip
         return found
 
-    def _kept(
-        self, sql: str, ids: Iterable[str] | None, params: Iterable[Any] = ()
-    ) -> list[dict[str, Any]]:
+    def _kept(self, sql: str, ids: Iterable[str] | None) -> list[dict[str, Any]]:
         """The rows of `sql` (kept results), those of `ids` alone unless None."""
         if ids is None:
-            return self.rows(sql, tuple(params))
+            return self.rows(sql)
         return [row for marks, part in _in_parts(list(ids))
-                for row in self.rows(f"{sql} AND id IN ({marks})", (*params, *part))]  # fmt: skip
+                for row in self.rows(f"{sql} AND id IN ({marks})", part)]  # fmt: skip
 
     def contradicted(self) -> frozenset[str]:
         """The peers a replay contradicted on some claim (`consensus.contradicted`): their looks
@@ -146,8 +160,11 @@ class JudgedClaims(LedgerQueries):
         return frozenset(peer for (text,) in rows for peer in json.loads(text))
 
     def _suspects(self, conn: sqlite3.Connection) -> frozenset[str]:
+        return self._contradicted(conn) | self._misreporting(conn)
+
+    def _misreporting(self, conn: sqlite3.Connection) -> frozenset[str]:
         rows = conn.execute("SELECT DISTINCT author FROM claims WHERE state = 'misreported'")
-        return self._contradicted(conn) | {author for (author,) in rows}
+        return frozenset(author for (author,) in rows)
 
     def _judge(
         self, conn: sqlite3.Connection, claims: Iterable[Mapping[str, Any]], out: frozenset[str],

@@ -307,14 +307,16 @@ def test_a_peer_a_replay_contradicts_counts_on_no_claim_whatever_the_order(
 
 
 @pytest.mark.parametrize("caught_first", [False, True])
+@pytest.mark.parametrize("then", ["backed", "cleared"])
 def test_a_caught_authors_other_wins_wait_for_a_replay_whatever_the_order(
-    book, alice, bob, carol, caught_first
+    book, alice, bob, carol, caught_first, then
 ):
     """bob's replay of alice's seed finds her r1 misreported; her r2, which carol's looks alone
     would verify, then waits for a replay of its own seed, and the head leaves it, in whatever
-    order the facts arrive; a replay that gives her signed score brings it back. The ledger's
-    kept judgements are the pure rule's."""
-    r1 = make_result(alice, 1, BASELINE, V1, 1.40)
+    order the facts arrive; a replay of r2's seed that gives her signed score brings it back,
+    and so do two replays of r1's seed that give hers there (bob's is then the outlier). The
+    ledger's kept judgements are the pure rule's."""
+    r1 = make_result(alice, 1, BASELINE, V1, 1.40, device="cpu")
     r2 = make_result(alice, 2, BASELINE, V2, 1.35, device="cpu")
     caught = make_verification(bob, 1, r1, "misreported", delta=0.0)
     seen = confirming_looks(carol, 1, r2)
@@ -326,12 +328,21 @@ def test_a_caught_authors_other_wins_wait_for_a_replay_whatever_the_order(
     results, looks = book.claim_rows("cpu")
     pure = consensus.judge_claims(results, looks, book.rules("cpu"))
     assert {rid: j.state for rid, j in pure.items()} == {rid: j.state for rid, j in kept.items()}
-    body = wire.verification_body(
-        result=r2.id, child_val_bpb=1.35, parent_val_bpb=1.40, seed=2, profile="cpu",
-        harness=HARNESS, verdict="confirm", replay_val_bpb=1.35, device="cpu",
-    )  # fmt: skip
-    book.ingest(wire.sign(bob, "verification", CAMPAIGN, 2, body, T0 + 600_000).raw)
-    assert book.head("cpu") == V2
+    r, signed = (r2, 1.35) if then == "backed" else (r1, 1.40)
+    for who in [bob] if then == "backed" else [carol, Identity(bytes(range(3, 35)))]:
+        body = wire.verification_body(
+            result=r.id, child_val_bpb=signed, parent_val_bpb=1.45, seed=r.body["seed"],
+            profile="cpu", harness=HARNESS, verdict="confirm", replay_val_bpb=signed,
+            device="cpu",
+        )  # fmt: skip
+        book.ingest(wire.sign(who, "verification", CAMPAIGN, 20, body, T0 + 600_000).raw)
+    _, kept, _ = book.standings("cpu", every=True)
+    assert kept[r2.id].state == "verified", kept[r2.id].reason
+    assert kept[r1.id].state != "misreported" or then == "backed"
+    assert book.suspects() == (set() if then == "cleared" else {alice.peer_id})
+    results, looks = book.claim_rows("cpu")
+    pure = consensus.judge_claims(results, looks, book.rules("cpu"))
+    assert {rid: j.state for rid, j in pure.items()} == {rid: j.state for rid, j in kept.items()}
 
 
 def test_a_ledger_of_release_8_has_a_caught_authors_wins_judged_again_when_opened(
