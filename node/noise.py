@@ -9,7 +9,7 @@ a swarm learns its noise from them without a run of its own (`node.agent.researc
 
 from __future__ import annotations
 
-from node import consensus
+from node import margins
 from node.ledger import Ledger
 
 
@@ -73,7 +73,7 @@ def estimate(ledger: Ledger, profile: str, prior: float, harness: str) -> tuple[
     device = device_of(ledger, profile)
     if device:
         pairs |= look_pairs(ledger, profile, harness, device)
-    return consensus.paired_noise(pairs, prior)
+    return margins.paired_noise(pairs, prior)
 
 
 def _latest(ledger: Ledger, profile: str, column: str) -> str | None:

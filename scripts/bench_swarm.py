@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from node import consensus, noise
+from node import consensus, margins, noise
 from node.agent.adoption import swarm_rows
 from node.ledger import Ledger, ledger_path
 from node.local import campaign_terms
@@ -61,7 +61,7 @@ def timeline(
         own = [r["val_bpb"] for r in ledger.rows(
             "SELECT val_bpb FROM runs WHERE child = ? AND parent = child AND val_bpb IS NOT NULL",
             (baseline,))]  # fmt: skip
-        sigma, df = consensus.paired_noise(
+        sigma, df = margins.paired_noise(
             noise.own_pairs(ledger, profile), get_profile(profile).paired_noise
         )
         counts = {r["outcome"]: r["n"] for r in ledger.rows(

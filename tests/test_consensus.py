@@ -14,15 +14,11 @@ from node.committees import committee, draw_of, holds, kept_head, panel, ranked,
 from node.consensus import (
     HELD,
     HOLD_LOOKS,
-    ConsensusError,
     Rules,
     best_head,
     judge_claims,
-    keep_or_discard,
     lineage_scores,
-    noise_margin,
     rows_from_facts,
-    verdict,
     verified_children,
 )
 
@@ -579,43 +575,3 @@ def test_the_head_is_reached_only_through_claims_verified_by_quorum_peers(c, v, 
         makers = [r for r in results if r["child"] == head and judged.get(r["id"])]
         assert any(judged[r["id"]].state == "verified" and len(judged[r["id"]].peers) >= quorum
                    and r["author"] not in judged[r["id"]].peers for r in makers)  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------------------
-# A node's own decisions: keep margin, its verdict label, noise
-
-
-def test_noise_margin_is_k_standard_deviations_with_a_floor():
-    assert noise_margin([1.0, 1.0]) == consensus.DEFAULT_FLOOR
-    assert noise_margin([1.0, 1.02]) == pytest.approx(2 * 0.0141421, rel=1e-4)
-    with pytest.raises(ConsensusError, match="at least 2"):
-        noise_margin([1.0])
-
-
-def test_keep_needs_a_gain_larger_than_the_margin():
-    assert keep_or_discard(1.40, 1.45, 0.01) == "keep"
-    assert keep_or_discard(1.445, 1.45, 0.01) == "discard"
-    assert keep_or_discard(None, 1.45, 0.01) == "crash"
-    with pytest.raises(ConsensusError, match="run the parent"):
-        keep_or_discard(1.4, None, 0.01)
-
-
-def test_a_verifier_labels_its_look_confirm_refute_inconclusive_or_crash():
-    assert verdict(1.40, 1.45, 0.01) == "confirm"
-    assert verdict(1.46, 1.45, 0.01) == "refute"
-    assert verdict(1.445, 1.45, 0.01) == "inconclusive"
-    assert verdict(None, 1.45, 0.01) == "crash"
-    assert verdict(1.444, 1.45, 0.01, [0.006, 0.006, 0.006]) == "confirm"  # mean of 4, margin / 2
-
-
-def test_paired_noise_pools_the_spread_of_each_pair_around_its_own_mean():
-    sigma, df = consensus.paired_noise(
-        {("p", "c"): [0.01, 0.03], ("p", "d"): [-0.02, -0.02]}, 0.0, 0
-    )
-    assert df == 2 and sigma == pytest.approx((0.0002 / 2) ** 0.5)
-    assert consensus.paired_noise({}, 0.004) == (0.004, 0)
-
-
-def test_the_margin_shrinks_with_the_runs_behind_a_mean_and_has_a_floor():
-    assert consensus.margin_for(0.01, 4) == pytest.approx(0.01)
-    assert consensus.margin_for(0.0001, 1) == consensus.DEFAULT_FLOOR

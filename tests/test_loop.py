@@ -9,7 +9,7 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN
 
-from node import consensus, noise
+from node import margins, noise
 from node.agent import loop
 from node.agent.errors import PatchError, ProposalRefused
 from node.agent.loop import Head
@@ -277,12 +277,12 @@ def test_a_change_the_run_does_not_see_costs_one_run_even_while_calibrating(book
 
 def test_pairs_of_an_unseen_change_never_shrink_the_noise():
     seen = {("p", "c"): [0.01, 0.03]}
-    assert consensus.paired_noise({**seen, ("p", "d"): [0.0, 0.0]}, 0.0, 0, inert=1e-4) == (
-        consensus.paired_noise(seen, 0.0, 0)
+    assert margins.paired_noise({**seen, ("p", "d"): [0.0, 0.0]}, 0.0, 0, inert=1e-4) == (
+        margins.paired_noise(seen, 0.0, 0)
     )
     within = {**seen, ("p", "d"): [0.0, 0.00005]}  # a GPU's replay noise, say
-    assert consensus.paired_noise(within, 0.0, 0, inert=1e-4)[1] == 1
-    assert consensus.paired_noise(within, 0.0, 0)[1] == 2  # a difference: counted
+    assert margins.paired_noise(within, 0.0, 0, inert=1e-4)[1] == 1
+    assert margins.paired_noise(within, 0.0, 0)[1] == 2  # a difference: counted
 
 
 def test_a_win_on_one_seed_that_the_second_does_not_repeat_is_discarded(book, alice, tmp_path):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from node import consensus, wire
+from node import margins, wire
 from node.agent.errors import AgentError, PatchError
 from node.agent.patch import apply_diff, check_source, diff_hash, make_diff, normalise_diff
 from node.agent.proposers import Proposal, Proposer, context_from_ledger
@@ -111,13 +111,13 @@ def research_step(
     a GPU's runs never tie so, and within its replay tolerance lie real gains), whose second
     seed would only teach the node a noise of zero. `parent_score(seed)` is this
     node's score of the head on a seed, measured when it has none. Keep the child only when its
-    mean paired gain beats the margin for that many runs (`consensus.margin_for` of `sigma`, the
+    mean paired gain beats the margin for that many runs (`margins.margin_for` of `sigma`, the
     standard deviation of one paired difference; `margin(runs)` replaces it), and publish a signed
     result of the pairs. With a `crew`, a change that another worker of the node has in hand is
     refused. A proposal `one_seed()` is true for, asked once it is made, runs on `seeds[0]`
     alone (a merge of wins the swarm verified: its committee judges it)."""
     if margin is None:
-        margin = functools.partial(consensus.margin_for, sigma)
+        margin = functools.partial(margins.margin_for, sigma)
     context = context_from_ledger(
         ledger, head.source, profile.name, program, me=me.peer_id, parent_val_bpb=head.val_bpb
     )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Literal
 
-from node import committees, consensus, evidence, noise, wire
+from node import committees, consensus, evidence, margins, noise, wire
 from node.agent import adoption, verifier
 from node.agent.crew import Crew
 from node.agent.doing import Doing
@@ -184,7 +184,7 @@ class Researcher:
         self.sigma, self.sigma_df = noise.estimate(
             self.ledger, self.profile.name, self.profile.paired_noise, self.harness
         )
-        self.margin = consensus.margin_for(self.sigma)
+        self.margin = margins.margin_for(self.sigma)
 
     def speed(self) -> float | None:
         """This node's training speed on the profile (counted FLOPs per second of training
@@ -579,10 +579,10 @@ class Researcher:
 
     def _margin(self, runs: int) -> float:
         """The paired gain over `runs` seeds this node keeps a change at: its noise margin
-        (`consensus.margin_for`), or any gain on one seed for a merge of verified wins."""
+        (`margins.margin_for`), or any gain on one seed for a merge of verified wins."""
         if self.proposer.last_verified:
             return 0.0
-        return consensus.margin_for(self.sigma, runs)
+        return margins.margin_for(self.sigma, runs)
 
     def _open_claims(self, limit: int) -> list:
         """Other peers' claims this node may verify now, the most promising first. Without a

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node import committees, consensus, evidence, merges, wire
+from node import committees, consensus, evidence, margins, merges, wire
 from node.agent.errors import AgentError
 from node.agent.loop import VERIFY_RUN, Check, policy_check, record_run
 from node.evidence import Judgement
@@ -174,7 +174,7 @@ def verify_claim(
 ) -> Verified:  # fmt: skip
     """Run the claim's child on `seed`, pair it with the parent on the same seed
     (`parent_score(seed)`: this node's score of the parent on a seed; where it gives none, the
-    parent runs here), and publish a `verification` with the verdict of `consensus.verdict`,
+    parent runs here), and publish a `verification` with the verdict of `margins.verdict`,
     which also weighs this node's earlier looks at the claim (their signed deltas):
     inconclusive ones, and confirming ones when the claim is held for more looks.
 
@@ -232,7 +232,7 @@ def verify_claim(
             (claim["id"], me.peer_id, profile.name, child_run.harness_sha256),
         )
         gains = [-row["delta"] for row in earlier]
-        verdict = consensus.verdict(child_bpb, parent_bpb, margin, gains)
+        verdict = margins.verdict(child_bpb, parent_bpb, margin, gains)
         pairs = claimed_pairs(claim)
         # A claim this look refutes counts for nothing already: only one that may still count
         # is replayed, on the author's device class, where a replay gives the author's numbers.

@@ -7,7 +7,7 @@ import base64
 import html
 from collections import Counter
 
-from node import consensus, evidence
+from node import consensus, evidence, margins
 from node.readable import bpb as _bpb
 from node.readable import count
 from node.readable import peer as short_peer
@@ -124,12 +124,12 @@ def _noise(snap: Snapshot) -> str:
     rows = []
     for profile, pairs in snap.noise.items():
         diffs = sum(len(d) for d in pairs.values())
-        sigma, df = consensus.paired_noise(pairs, prior=0.0, prior_df=0)
+        sigma, df = margins.paired_noise(pairs, prior=0.0, prior_df=0)
         if df:
-            margin = consensus.margin_for(sigma)
+            margin = margins.margin_for(sigma)
             shown = (f"{sigma:.4f} bpb over {df} degrees of freedom; margin {margin:.4f} "
-                     f"({consensus.DEFAULT_K:g} standard deviations, at least "
-                     f"{consensus.DEFAULT_FLOOR:g})")  # fmt: skip
+                     f"({margins.DEFAULT_K:g} standard deviations, at least "
+                     f"{margins.DEFAULT_FLOOR:g})")  # fmt: skip
         else:
             shown = "not measured yet: no pair ran on two seeds (the profile's prior is in use)"
         rows.append([_e(profile), str(len(pairs)), str(diffs), shown])
