@@ -437,12 +437,11 @@ def test_the_prompt_carries_the_verified_way_to_this_train_py_and_what_was_refut
     assert "Logit softcap 30" in user["content"] and "refuted on the way" in user["content"]
 
 
-def test_a_peer_caught_signing_made_up_scores_is_out_of_the_proposers_context(
+def test_a_peer_caught_signing_made_up_scores_tells_the_proposers_what_it_tried_not_what_it_got(
     tmp_path, alice, bob, carol
 ):
-    """A replay of carol's seed finds one of her claims misreported: what she tried on the parent
-    counts as untried (others run it again), and she holds no share of the proposals; bob, who
-    looked at it, keeps it as tried with his own look as its only number."""
+    """A replay of carol's seed finds one of her claims misreported: her other results on the
+    parent stay in the context (what she tried), without her numbers; alice's keep theirs."""
     from conftest import CAMPAIGN, set_terms
     from test_researcher import NARROW, SOFTCAP, _claim, sha
 
@@ -454,32 +453,19 @@ def test_a_peer_caught_signing_made_up_scores_is_out_of_the_proposers_context(
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:
         set_terms(book, baseline=sha(BASELINE))
         _claim(book, alice, BASELINE, NARROW, 0.01, "honest")
-        book.add_version(SOFTCAP.encode())
-        lied = wire.sign(carol, "result", CAMPAIGN, 1, wire.result_body(
-            parent=sha(BASELINE), child=sha(SOFTCAP), diff=b"its own diff",
-            description="Logit softcap 30", profile="test",
-            harness=harness_sha256(get_profile("test")), seed=1, outcome="keep",
-            metrics={"val_bpb": 1.45, "steps": 1, "tokens": 1}, pairs=[(1, 1.45, 1.5)],
-        ))  # fmt: skip
-        book.ingest(lied.raw)
-        before = context_from_ledger(book, BASELINE, "test", me=alice.peer_id)
-        assert lied.body["diff_sha256"] in before.tried_hashes and carol.peer_id in before.active
+        lied = _claim(book, carol, BASELINE, SOFTCAP, 0.05, "Logit softcap 30")
+        before = {a.description: a for a in context_from_ledger(book, BASELINE, "test").history}
+        assert before["Logit softcap 30"].paired == pytest.approx([-0.05])
         replay = wire.verification_body(
             result=lied.id, child_val_bpb=1.5, parent_val_bpb=1.5, seed=1, profile="test",
             harness=harness_sha256(get_profile("test")), verdict="misreported",
         )  # fmt: skip
         book.ingest(wire.sign(bob, "verification", CAMPAIGN, 1, replay).raw)
         assert book.suspects() == {carol.peer_id}
-        after = context_from_ledger(book, BASELINE, "test", me=alice.peer_id)
-        looker = context_from_ledger(book, BASELINE, "test", me=bob.peer_id)
-        own = context_from_ledger(book, BASELINE, "test", me=carol.peer_id)
-    assert [a.description for a in after.history] == ["honest"]
-    assert lied.body["diff_sha256"] not in after.tried_hashes
-    assert carol.peer_id not in after.active and alice.peer_id in after.active
-    seen = {a.description: a for a in looker.history}
-    assert seen["Logit softcap 30"].paired == () and seen["Logit softcap 30"].looked == (0.0,)
-    assert lied.body["diff_sha256"] in looker.tried_hashes
-    assert lied.body["diff_sha256"] in own.tried_hashes  # a node knows what it tried itself
+        after = {a.description: a for a in context_from_ledger(book, BASELINE, "test").history}
+    assert after["Logit softcap 30"].paired == () and after["Logit softcap 30"].delta is None
+    assert after["Logit softcap 30"].outcome == "keep"  # what it tried, still there
+    assert after["honest"].paired == pytest.approx([-0.01])
 
 
 def test_offline_proposers_of_sixteen_nodes_take_sixteen_shares_and_a_quiet_nodes_passes_on():

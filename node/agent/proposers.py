@@ -125,12 +125,9 @@ def context_from_ledger(
     """A Context for `train_py` from the ledger's results on it (this node's and peers').
 
     Deltas are against `parent_val_bpb`, else the best kept val_bpb the ledger holds for the
-    parent. The published diff is the normalised one, so its sha256 is the change's hash.
-
-    A peer that replays caught signing scores no run stands behind (`Ledger.suspects`) is out:
-    what it tried counts as untried, so that others run it (its numbers say nothing, and its
-    claims are taken only where a replay backs them), but for what this node looked at itself,
-    which stays tried with this node's looks alone; nor does it hold a share of the proposals.
+    parent. The published diff is the normalised one, so its sha256 is the change's hash. The
+    numbers of a peer that replays caught signing scores no run stands behind
+    (`Ledger.suspects`) are left out: its attempts say what it tried, not what that did.
     """
     parent = hashlib.sha256(train_py.encode()).hexdigest()
     rows = ledger.rows(
@@ -147,8 +144,7 @@ def context_from_ledger(
         parent_val_bpb = best[0]["v"] if best else None
     lineage, refuted, versions = judged_on_the_way(ledger, parent, profile)
     looked = _own_looks(ledger, me, profile, (parent, *versions)) if me else {}
-    caught = ledger.suspects() - {me}
-    rows = [r for r in rows if r["author"] not in caught or r["id"] in looked]
+    caught = ledger.suspects()
     history = tuple(
         Attempt(
             description=r["description"], outcome=r["outcome"], diff_hash=r["diff_sha256"],
@@ -176,7 +172,7 @@ def context_from_ledger(
         r["author"] for r in ledger.rows(
             "SELECT DISTINCT author FROM results WHERE profile = ? AND time >= ?",
             (profile, ledger.clock() - ACTIVE_MS),
-        ) if r["author"] not in caught
+        )
     ) | ({me} if me else set())  # fmt: skip
     return Context(train_py, program, profile, history, tried, lineage, refuted, me, active,
                    earlier)  # fmt: skip
