@@ -125,9 +125,7 @@ def context_from_ledger(
     """A Context for `train_py` from the ledger's results on it (this node's and peers').
 
     Deltas are against `parent_val_bpb`, else the best kept val_bpb the ledger holds for the
-    parent. The published diff is the normalised one, so its sha256 is the change's hash. The
-    numbers of a peer that replays caught signing scores no run stands behind
-    (`Ledger.suspects`) are left out: its attempts say what it tried, not what that did.
+    parent. The published diff is the normalised one, so its sha256 is the change's hash.
     """
     parent = hashlib.sha256(train_py.encode()).hexdigest()
     rows = ledger.rows(
@@ -144,14 +142,12 @@ def context_from_ledger(
         parent_val_bpb = best[0]["v"] if best else None
     lineage, refuted, versions = judged_on_the_way(ledger, parent, profile)
     looked = _own_looks(ledger, me, profile, (parent, *versions)) if me else {}
-    caught = ledger.suspects()
     history = tuple(
         Attempt(
             description=r["description"], outcome=r["outcome"], diff_hash=r["diff_sha256"],
             delta=None if r["val_bpb"] is None or parent_val_bpb is None
-            or r["author"] in caught else r["val_bpb"] - parent_val_bpb,
-            by="this node" if r["author"] == me else r["author"],
-            paired=() if r["author"] in caught else _paired(r),
+            else r["val_bpb"] - parent_val_bpb,
+            by="this node" if r["author"] == me else r["author"], paired=_paired(r),
             judged=_judgement(r), looked=looked.get(r["id"], ()),
         )
         for r in rows[:limit]
@@ -166,7 +162,7 @@ def context_from_ledger(
             f"WHERE r.parent IN ({marks}) AND r.profile = ? ORDER BY r.time DESC, r.id "
             f"LIMIT {MAX_EARLIER}",
             (*versions, profile),
-        ) if (paired := _paired(r)) and r["author"] not in caught
+        ) if (paired := _paired(r))
     )  # fmt: skip
     active = frozenset(
         r["author"] for r in ledger.rows(
