@@ -150,8 +150,9 @@ class JudgedClaims(LedgerQueries):
 
     def suspects(self) -> frozenset[str]:
         """The peers replays caught signing scores no run stands behind (`consensus.suspects`):
-        their claims verify only once a replay of their own seed backs them."""
-        return self._suspects(self.conn)
+        their claims verify only once a replay of their own seed backs them. None before the
+        ledger kept judgements (schema 3)."""
+        return self._suspects(self.conn) if self.schema_version >= 3 else frozenset()
 
     def _contradicted(self, conn: sqlite3.Connection) -> frozenset[str]:
         rows = conn.execute(
