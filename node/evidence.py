@@ -68,6 +68,7 @@ class Judgement:
     contradicted: tuple[str, ...] = ()  # peers whose report of a seed the replays contradict
     contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
     awaits_replay: bool = False  # verified but for its author's claim, which a replay must back
+    misreported_by: tuple[str, ...] = ()  # misreported: the peers whose replays found it so
     # The committee that judged it (`consensus.judge_claim`); None in an open campaign, and in a
     # ledger's kept judgements, which keep the ranking instead (`committees.seated` finds it).
     seats: tuple[str, ...] | None = None
@@ -77,7 +78,8 @@ class Judgement:
                 "sigma": self.sigma, "peers": list(self.peers), "outliers": list(self.outliers),
                 "disputed": self.disputed, "author_z": self.author_z,
                 "contradicted": list(self.contradicted), "contested": list(self.contested),
-                "awaits_replay": self.awaits_replay, "reason": self.reason}  # fmt: skip
+                "awaits_replay": self.awaits_replay, "misreported_by": list(self.misreported_by),
+                "reason": self.reason}  # fmt: skip
 
 
 def _floats(value: Any) -> list[float]:
@@ -372,7 +374,7 @@ def judge(
             "contested": tuple(sorted(checked.contested))}  # fmt: skip
     if len(off) >= quorum and 2 * len(off) > len(replays):
         return Judgement(
-            "misreported", **base,
+            "misreported", **base, misreported_by=tuple(sorted(off)),
             reason=f"{len(off)} of {len(replays)} replays of the author's seed differ from its "
             f"signed score by more than {tolerance:g}",
         )  # fmt: skip

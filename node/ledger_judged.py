@@ -164,8 +164,12 @@ class JudgedClaims(LedgerQueries):
         return self._contradicted(conn) | self._misreporting(conn)
 
     def _misreporting(self, conn: sqlite3.Connection) -> frozenset[str]:
-        rows = conn.execute("SELECT DISTINCT author FROM claims WHERE state = 'misreported'")
-        return frozenset(author for (author,) in rows)
+        found: dict[str, set[str]] = {}
+        for author, peers in conn.execute(
+            "SELECT author, misreported_by FROM claims WHERE state = 'misreported'"
+        ):
+            found.setdefault(author, set()).update(json.loads(peers or "[]"))
+        return consensus.caught_misreporting(found, self.quorum())
 
     def _judge(
         self, conn: sqlite3.Connection, claims: Iterable[Mapping[str, Any]], out: frozenset[str],
@@ -181,11 +185,12 @@ class JudgedClaims(LedgerQueries):
             j = consensus.judge_claim(claim, looks, r, out, order, caught)
             conn.execute(
                 "INSERT OR REPLACE INTO claims VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (claim["id"], claim["profile"], claim["harness"], claim["parent"], claim["child"],
                  claim["author"], j.state, j.gain, j.se, j.seeds, j.sigma, json.dumps(j.peers),
                  json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason,
-                 json.dumps(j.contradicted) if j.contradicted else None),
+                 json.dumps(j.contradicted) if j.contradicted else None,
+                 json.dumps(j.misreported_by) if j.misreported_by else None),
             )  # fmt: skip
             heads.append((claim["id"], order, r.committee_size))
         self._keep_heads(conn, heads, out)

@@ -44,7 +44,7 @@ def builtin_baseline() -> str:
 
 
 _JUDGED = ("state", "gain", "se", "seeds", "sigma", "peers", "outliers", "disputed", "author_z",
-           "reason", "contradicted")  # fmt: skip
+           "reason", "contradicted", "misreported_by")  # fmt: skip
 
 
 def _judgement(row: Mapping[str, Any]) -> Judgement:

@@ -158,9 +158,11 @@ def _schema_8(db: sqlite_utils.Database) -> None:
 
 def _schema_9(db: sqlite_utils.Database) -> None:
     """Release 9: the claims of a peer that replays caught signing scores no run stands behind
-    verify only once a replay of their own seed backs them (`consensus.suspects`); the authors
-    of claims found misreported are found without reading every claim. `Ledger` judges every
-    claim once when it brings a ledger to this release."""
+    verify only once a replay of their own seed backs them (`consensus.suspects`); a claim found
+    misreported keeps the peers whose replays found it so (JSON list), and the authors of such
+    claims are found without reading every claim. `Ledger` judges every claim once when it
+    brings a ledger to this release."""
+    db["claims"].add_column("misreported_by", str)
     db.execute("CREATE INDEX claims_misreported ON claims (author) WHERE state = 'misreported'")
 
 

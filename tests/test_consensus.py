@@ -362,20 +362,25 @@ def test_a_replay_that_differs_from_the_signed_score_makes_the_claim_misreported
 
 
 def test_a_peer_replays_caught_once_has_its_other_wins_wait_for_replays_of_their_own():
-    """Replays found author a's scores on r1 made up: its win r2, which looks alone verify (a
-    real gain, its numbers off only where a replay shows it), now waits for a replay of its own
-    seed, and so does r3 by d, whose look at another claim replays contradicted. A replay that
-    gives the signed score verifies it again; one that does not finds it misreported too."""
+    """Two peers' replays found author a's scores on r1 made up: its win r2, which looks alone
+    verify (a real gain, its numbers off only where a replay shows it), now waits for a replay
+    of its own seed, and so does r3 by d, whose look at another claim replays contradicted. A
+    replay that gives the signed score verifies it again; one that does not finds it
+    misreported too. One peer's replay alone, which may be a framer's, makes nobody a suspect."""
     caught = [result("r1", "a", BASELINE, V1, claimed=0.03)]  # signed child 1.47
     caught += [result("r2", "a", BASELINE, V2, claimed=0.02), result("r3", "d", BASELINE, V3)]
-    seen = [look("r1", "b", 0.0, replay=1.50), *looks("r2", "b", [0.02] * 4),
-            *looks("r3", "b", [0.02] * 4)]  # fmt: skip
+    seen = [*looks("r2", "b", [0.02] * 4), *looks("r3", "b", [0.02] * 4)]
+    framed = judge_claims(caught, [look("r1", "b", 0.0, replay=1.50), *seen], RULES)
+    assert framed["r1"].state == "misreported" and framed["r1"].misreported_by == ("b",)
+    assert framed["r2"].state in ("verified", HELD)
+    seen += [look("r1", p, 0.0, replay=1.50) for p in ("b", "c")]
     judged = judge_claims(caught, seen, RULES)
-    assert judged["r1"].state == "misreported"
+    assert judged["r1"].state == "misreported" and judged["r1"].misreported_by == ("b", "c")
     assert judged["r2"].state == "open" and judged["r2"].awaits_replay
     assert "another claim" in judged["r2"].reason
     assert judged["r3"].state in ("verified", HELD)  # d has done nothing yet
-    assert consensus.suspects(judged, {r["id"]: r for r in caught}) == {"a"}
+    assert consensus.suspects(judged, {r["id"]: r for r in caught}, 1) == {"a"}
+    assert consensus.suspects(judged, {r["id"]: r for r in caught}, 2) == set()
     made_up = [report("r1", "d", 50 + k, 1.40, 1.45) for k in range(2)]  # d's looks at r1...
     replays = [report("r1", h, 50, 1.50, 1.50) for h in ("h1", "h2")]  # ...that replays deny
     judged = judge_claims(caught, [*seen, *made_up, *replays], RULES)

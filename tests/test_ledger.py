@@ -222,6 +222,7 @@ def test_a_ledger_of_an_older_release_gets_each_claims_ranking_head_when_opened(
         book.ingest(r1.raw)
         book.conn.execute("DROP TABLE ranks")
         book.conn.execute("DROP INDEX claims_misreported")  # release 9's
+        book.conn.execute("ALTER TABLE claims DROP COLUMN misreported_by")
         if release == 7:
             book.conn.execute("ALTER TABLE claims ADD COLUMN seats TEXT")
             book.conn.execute("ALTER TABLE claims ADD COLUMN reserve TEXT")
@@ -311,17 +312,21 @@ def test_a_peer_a_replay_contradicts_counts_on_no_claim_whatever_the_order(
 def test_a_caught_authors_other_wins_wait_for_a_replay_whatever_the_order(
     book, alice, bob, carol, caught_first, then
 ):
-    """bob's replay of alice's seed finds her r1 misreported; her r2, which carol's looks alone
-    would verify, then waits for a replay of its own seed, and the head leaves it, in whatever
-    order the facts arrive; a replay of r2's seed that gives her signed score brings it back,
-    and so do two replays of r1's seed that give hers there (bob's is then the outlier). The
-    ledger's kept judgements are the pure rule's."""
+    """bob's and dave's replays of alice's seed find her r1 misreported; her r2, which carol's
+    looks alone would verify, then waits for a replay of its own seed, and the head leaves it,
+    in whatever order the facts arrive (bob's replay alone leaves r2 be); a replay of r2's seed
+    that gives her signed score brings it back, and so do three replays of r1's seed that give
+    hers there (bob and dave are then outvoted). The ledger's kept judgements are the pure
+    rule's."""
     r1 = make_result(alice, 1, BASELINE, V1, 1.40, device="cpu")
     r2 = make_result(alice, 2, BASELINE, V2, 1.35, device="cpu")
+    dave = Identity(bytes(range(3, 35)))
     caught = make_verification(bob, 1, r1, "misreported", delta=0.0)
     seen = confirming_looks(carol, 1, r2)
     for f in [r1, r2, *([caught, *seen] if caught_first else [*seen, caught])]:
         book.ingest(f.raw)
+    assert book.suspects() == set() and book.head("cpu") == V2  # one replay: maybe a framer's
+    book.ingest(make_verification(dave, 1, r1, "misreported", delta=0.0).raw)
     _, kept, _ = book.standings("cpu", every=True)
     assert kept[r1.id].state == "misreported" and kept[r2.id].state == "open"
     assert book.suspects() == {alice.peer_id} and book.head("cpu") == BASELINE
@@ -329,7 +334,8 @@ def test_a_caught_authors_other_wins_wait_for_a_replay_whatever_the_order(
     pure = consensus.judge_claims(results, looks, book.rules("cpu"))
     assert {rid: j.state for rid, j in pure.items()} == {rid: j.state for rid, j in kept.items()}
     r, signed = (r2, 1.35) if then == "backed" else (r1, 1.40)
-    for who in [bob] if then == "backed" else [carol, Identity(bytes(range(3, 35)))]:
+    others = [carol, *(Identity(bytes(range(k, k + 32))) for k in (4, 5))]
+    for who in [bob] if then == "backed" else others:
         body = wire.verification_body(
             result=r.id, child_val_bpb=signed, parent_val_bpb=1.45, seed=r.body["seed"],
             profile="cpu", harness=HARNESS, verdict="confirm", replay_val_bpb=signed,
@@ -349,13 +355,15 @@ def test_a_ledger_of_release_8_has_a_caught_authors_wins_judged_again_when_opene
     tmp_path, alice, bob, carol
 ):
     r1, r2 = make_result(alice, 1, BASELINE, V1, 1.40), make_result(alice, 2, BASELINE, V2, 1.35)
-    facts = [r1, r2, make_verification(bob, 1, r1, "misreported", delta=0.0),
+    dave = Identity(bytes(range(3, 35)))
+    facts = [r1, r2, *(make_verification(p, 1, r1, "misreported", delta=0.0) for p in (bob, dave)),
              *confirming_looks(carol, 1, r2)]  # fmt: skip
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:  # as release 8 left it:
         set_terms(book)
         book.ingest_many([f.raw for f in facts])
         book.conn.execute("UPDATE claims SET state = 'verified' WHERE id = ?", (r2.id,))
         book.conn.execute("DROP INDEX claims_misreported")
+        book.conn.execute("ALTER TABLE claims DROP COLUMN misreported_by")
         book.conn.execute("PRAGMA user_version = 8")
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as now:
         assert now.rows("SELECT state FROM claims WHERE id = ?", (r2.id,)) == [{"state": "open"}]
