@@ -132,8 +132,8 @@ def judge_claim(
     change of no gain is refuted only after some 30 seeds, so verifiers stop before). What
     depends on other claims (the hold) is `settle`'s: a ledger can keep this per claim and
     update it at every look. `order`: the claim's `committees.ranking`, where the caller has it.
-    A claim of one of the `suspects` (`suspects`) verifies only once a replay of its author's
-    seed backs its numbers."""
+    A claim whose author is one of the `suspects` (`consensus.suspects`) verifies only once a
+    replay of its author's seed backs its numbers."""
     members, size = rules.members_for(claim), rules.committee_size
     order = order if order is not None or members is None else committees.ranking(claim, rules)
     seats = None if order is None else committees.seated(order, silenced, size)
