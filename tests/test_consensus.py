@@ -361,7 +361,7 @@ def test_a_replay_that_differs_from_the_signed_score_makes_the_claim_misreported
     )  # a replay elsewhere proves nothing
 
 
-def test_a_peer_replays_caught_once_has_its_other_wins_wait_for_replays_of_their_own():
+def test_a_peer_replays_caught_has_its_other_wins_wait_for_replays_of_their_own():
     """Two peers' replays found author a's scores on r1 made up: its win r2, which looks alone
     verify (a real gain, its numbers off only where a replay shows it), now waits for a replay
     of its own seed, and so does r3 by d, whose look at another claim replays contradicted. A
