@@ -217,7 +217,7 @@ def judge_claims(
                 out & (committees.panel(by_id[rid], rules) or set())
             ):
                 judged[rid] = judge_claim(by_id[rid], per_claim[rid], rules, silenced)
-    caught = suspects(judged, by_id, rules.quorum)  # judging again changes none of this set
+    caught = suspects(judged, by_id)  # judging again changes none of this set
     for rid in sorted(by_id):
         if by_id[rid]["author"] in caught and judged[rid].state == "verified":
             judged[rid] = judge_claim(by_id[rid], per_claim[rid], rules, silenced, None, caught)
@@ -231,28 +231,16 @@ def contradicted(judged: Mapping[str, Judgement]) -> frozenset[str]:
 
 
 def suspects(
-    judged: Mapping[str, Judgement], by_id: Mapping[str, Mapping[str, Any]], quorum: int
+    judged: Mapping[str, Judgement], by_id: Mapping[str, Mapping[str, Any]]
 ) -> frozenset[str]:
     """The peers that replays caught signing scores no run of theirs stands behind, on any
     claim: the peers whose looks were contradicted (`contradicted`: a majority of a seed's
-    reports), and the authors of claims found misreported by the replays of more than `quorum`
-    peers between them (`caught_misreporting`). Their other claims' numbers are no longer taken
-    at their word: each verifies only once a replay of its author's seed gives them
-    (`evidence.judge`), so that a liar's claims that nobody replayed yet fall with those that
-    were."""
-    found: dict[str, set[str]] = {}
-    for rid, j in judged.items():
-        if j.state == "misreported":
-            found.setdefault(by_id[rid]["author"], set()).update(j.misreported_by)
-    return contradicted(judged) | caught_misreporting(found, quorum)
-
-
-def caught_misreporting(found: Mapping[str, Collection[str]], quorum: int) -> frozenset[str]:
-    """The authors whose claims found misreported (`found`: author -> the peers whose replays
-    found one so) were found so by more than `quorum` peers: a claim is misreported on the
-    replays of `quorum` peers, and suspicion, which costs every claim of the author a replay,
-    asks one peer more, so that one peer's false replay (at quorum 1) makes nobody a suspect."""
-    return frozenset(author for author, peers in found.items() if len(peers) > quorum)
+    reports), and the authors of claims found misreported (by the replays of at least two
+    peers: `evidence.disqualifying`). Their other claims' numbers are no longer taken at their
+    word: each verifies only once a replay of its author's seed gives them, so that a liar's
+    claims that nobody replayed yet fall with those that were."""
+    caught = {by_id[rid]["author"] for rid, j in judged.items() if j.state == "misreported"}
+    return contradicted(judged) | caught
 
 
 def settle(

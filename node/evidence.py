@@ -67,8 +67,10 @@ class Judgement:
     reason: str = ""
     contradicted: tuple[str, ...] = ()  # peers whose report of a seed the replays contradict
     contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
-    awaits_replay: bool = False  # verified but for its author's claim, which a replay must back
-    misreported_by: tuple[str, ...] = ()  # misreported: the peers whose replays found it so
+    awaits_replay: bool = False  # open until a replay of its author's seed backs or denies it
+    # The peers whose replays of the author's seed deny its signed scores: those that found it
+    # misreported, or that it waits on another peer's replay against (`awaits_replay`).
+    misreported_by: tuple[str, ...] = ()
     # The committee that judged it (`consensus.judge_claim`); None in an open campaign, and in a
     # ledger's kept judgements, which keep the ranking instead (`committees.seated` finds it).
     seats: tuple[str, ...] | None = None
@@ -309,6 +311,14 @@ def _passes(peers: Sequence[PeerLooks], quorum: int, sigma: float, shift: float,
     return log_evalue(sign * (total - n * shift), n, sigma) >= math.log(1 / ALPHA)
 
 
+def disqualifying(quorum: int) -> int:
+    """The peers whose replays or runs must agree before a claim is found misreported or void:
+    the quorum, and never one peer alone. Either verdict costs the author its standing at once,
+    and nobody looks at such a claim again, so at quorum 1 one framer's key that signed a false
+    replay or void of every honest claim would silence every author for good."""
+    return max(quorum, 2)
+
+
 def judge(
     claim: Mapping[str, Any],
     looks: Iterable[Mapping[str, Any]],
@@ -322,10 +332,11 @@ def judge(
     """The state of one claim (a result row: author, child_scores, parent_scores, device) from
     the looks that count (verification rows by peers other than its author):
 
-    - misreported: at least `quorum` peers replayed the author's own seed on its device class
-      and got a child score more than `tolerance` from the one signed (or said the parent's
-      was), more of them than got the signed scores;
-    - void: at least `quorum` peers' harnesses refused the child's run, more than scored it;
+    - misreported: at least `quorum` peers, and never one alone (`disqualifying`), replayed the
+      author's own seed on its device class and got a child score more than `tolerance` from
+      the one signed (or said the parent's was), more of them than got the signed scores;
+    - void: as many peers' harnesses refused the child's run, more than scored it. With fewer,
+      either waits for another peer's replay (`awaits_replay`) or run;
     - verified: the pooled gain passes the sequential test for a gain above zero (`log_evalue`,
       at ALPHA) with the quorum - 1 most favourable peers left out, at least `quorum` peers;
       but open, `awaits_replay`, while no replay of the author's seed gave its numbers and
@@ -372,14 +383,20 @@ def judge(
             "peers": tuple(p.peer for p in pool), "outliers": outliers, "disputed": disputed,
             "author_z": author_z, "contradicted": tuple(sorted(checked.contradicted)),
             "contested": tuple(sorted(checked.contested))}  # fmt: skip
-    if len(off) >= quorum and 2 * len(off) > len(replays):
-        return Judgement(
-            "misreported", **base, misreported_by=tuple(sorted(off)),
-            reason=f"{len(off)} of {len(replays)} replays of the author's seed differ from its "
-            f"signed score by more than {tolerance:g}",
-        )  # fmt: skip
-    if len(voids) >= quorum and len(voids) > len(scored):
+    denied = 2 * len(off) > len(replays)  # most replays of the author's seed deny its score
+    differ = (f"{len(off)} of {len(replays)} replays of the author's seed differ from its signed "
+              f"score by more than {tolerance:g}")  # fmt: skip
+    if denied and len(off) >= disqualifying(quorum):
+        return Judgement("misreported", **base, misreported_by=tuple(sorted(off)), reason=differ)
+    refused = len(voids) > len(scored)  # most peers' harnesses refused to score its run
+    if refused and len(voids) >= disqualifying(quorum):
         return Judgement("void", **base, reason=f"{len(voids)} peers' harnesses refused its run")
+    if denied:
+        return Judgement("open", **base, awaits_replay=True, misreported_by=tuple(sorted(off)),
+                         reason=f"{differ}: it waits for another peer's replay")  # fmt: skip
+    if refused:
+        return Judgement("open", **base, reason=f"{len(voids)} peer(s)' harnesses refused its "
+                         "run: it waits for another peer's look")  # fmt: skip
     if disputed:
         return Judgement("open", **base, reason="disputed: no majority of its verifiers agree")
     if _passes(pool, quorum, sigma, 0.0, +1):

@@ -22,7 +22,7 @@ from node import wire
 from node.identity import Identity, peer_id_from_public_key
 from node.ledger_judged import JudgedClaims
 from node.ledger_queries import LedgerError
-from node.ledger_schema import MIGRATIONS
+from node.ledger_schema import JUDGED_BY, MIGRATIONS
 
 LEDGER_FILE = "ledger.db"  # inside the node's home
 
@@ -138,7 +138,7 @@ class Ledger(JudgedClaims):
                 step(self.db)
             self.conn.execute(f"PRAGMA user_version={max(version, len(MIGRATIONS))}")
             self.schema_version = max(version, len(MIGRATIONS))
-            if 0 < version < 9:  # an older release's claims, judged once under this one's rule
+            if 0 < version < JUDGED_BY:  # an older release's claims, judged under this rule
                 self._judge_claims(self.conn)
 
     @contextmanager

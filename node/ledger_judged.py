@@ -164,12 +164,9 @@ class JudgedClaims(LedgerQueries):
         return self._contradicted(conn) | self._misreporting(conn)
 
     def _misreporting(self, conn: sqlite3.Connection) -> frozenset[str]:
-        found: dict[str, set[str]] = {}
-        for author, peers in conn.execute(
-            "SELECT author, misreported_by FROM claims WHERE state = 'misreported'"
-        ):
-            found.setdefault(author, set()).update(json.loads(peers or "[]"))
-        return consensus.caught_misreporting(found, self.quorum())
+        """The authors of claims found misreported (`consensus.suspects`)."""
+        rows = conn.execute("SELECT DISTINCT author FROM claims WHERE state = 'misreported'")
+        return frozenset(author for (author,) in rows)
 
     def _judge(
         self, conn: sqlite3.Connection, claims: Iterable[Mapping[str, Any]], out: frozenset[str],

@@ -166,6 +166,16 @@ def _schema_9(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX claims_misreported ON claims (author) WHERE state = 'misreported'")
 
 
+def _schema_10(db: sqlite_utils.Database) -> None:
+    """Release 10: a claim is found void or misreported never on one peer's word
+    (`evidence.disqualifying`); on one it waits for another peer's look. Nothing to store:
+    `Ledger` judges every claim once when it brings a ledger to this release."""
+
+
+# The release whose rule the kept judgements follow: `Ledger` judges the claims of a ledger of
+# an older release (3 on, which keep judgements) once when it opens it.
+JUDGED_BY = 10
+
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_1,
@@ -177,4 +187,5 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_7,
     _schema_8,
     _schema_9,
+    _schema_10,
 ]

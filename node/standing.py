@@ -107,9 +107,11 @@ def _tally(
         author = of(r["author"])
         for peer in () if j is None else j.contradicted:  # whatever the claim's state
             of(peer)["contradicted"].append(r["id"])
-        # A claim whose looks would verify it but for its author's far higher word
-        # (`awaits_replay`) tells as much of its author as a decided one.
-        if j is None or j.disputed or not (j.state in DECIDED or j.awaits_replay):
+        # A claim that waits for a replay of its author's seed (`awaits_replay`) because its
+        # author's word lies far above its looks tells as much of its author as a decided one;
+        # one that waits because a replay denied its score tells nothing until another agrees.
+        waits = j is not None and j.awaits_replay and not j.misreported_by
+        if j is None or j.disputed or not (j.state in DECIDED or waits):
             continue
         author["claims"] += 1
         author["verified"] += j.state in ("verified", consensus.HELD)

@@ -5,6 +5,7 @@ rule, over several seeds, with bootstrap intervals.
 .venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --workers 2 --json
 .venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --liars 1
 .venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --colluders 0.3 --membership
+.venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --framers 1
 .venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --fast-hardware 0.5
 .venv/bin/python scripts/simulate.py --calibrate --quorum 2   # the rule's error rates and power
 """
@@ -46,6 +47,8 @@ def main() -> int:
     p.add_argument("--quorum", type=int, default=1)
     p.add_argument("--liars", type=int, default=0, help="nodes signing lower scores than measured")
     p.add_argument("--colluders", type=float, default=0.0, help="share of colluding nodes")
+    p.add_argument("--framers", type=int, default=0,
+                   help="nodes signing a false replay of every honest claim")  # fmt: skip
     p.add_argument("--membership", action="store_true",
                    help="the campaign lists its members: committees are drawn from them")  # fmt: skip
     p.add_argument("--fast-hardware", type=float, default=0.0,
@@ -77,11 +80,11 @@ def main() -> int:
         return _calibrate(args)
     if min(args.nodes) < 1 or args.quorum < 1 or args.seeds < 1 or not 0 <= args.colluders < 1:
         p.error("need --nodes, --quorum and --seeds >= 1, and 0 <= --colluders < 1")
-    if any(args.liars + round(args.colluders * n) >= n for n in args.nodes):
-        p.error("leave at least one honest node: fewer --liars or --colluders")
+    if any(args.liars + args.framers + round(args.colluders * n) >= n for n in args.nodes):
+        p.error("leave at least one honest node: fewer --liars, --framers or --colluders")
     settings = Settings(
         nodes=args.nodes[0], hours=args.hours, quorum=args.quorum, liars=args.liars,
-        colluders=args.colluders, membership=args.membership, fast_hardware=args.fast_hardware,
+        colluders=args.colluders, framers=args.framers, membership=args.membership, fast_hardware=args.fast_hardware,
         latency=args.latency, loss=args.loss, churn=args.churn, away_hours=args.away,
         partition=args.partition, target_gain=args.target_gain, verify_every=args.verify_every,
         landscape=args.landscape, proposer=args.proposer,
@@ -137,7 +140,7 @@ def _text(out: dict) -> str:
     lines = [
         f"{s['nodes']} nodes, quorum {s['quorum']}, {out['seeds']} seeds, {s['landscape']} "
         f"landscape, target gain {out['target_gain_median'] or s['target_gain']:.4f} bpb (median); "
-        f"liars {s['liars']}, colluders {s['colluders']:.0%}"
+        f"liars {s['liars']}, framers {s['framers']}, colluders {s['colluders']:.0%}"
         f"{' (members listed)' if s['membership'] else ''}, fast hardware {s['fast_hardware']:.0%}",
         f"  median hours to the target: {hours(out['median_hours'])} "
         f"({out['seeds_reaching_target']} of {out['seeds']} seeds reached it)",

@@ -370,6 +370,42 @@ def test_a_ledger_of_release_8_has_a_caught_authors_wins_judged_again_when_opene
         assert now.head("cpu") == BASELINE
 
 
+def test_one_framers_replay_makes_an_honest_win_wait_and_a_release_9_verdict_is_undone(
+    tmp_path, alice, bob, carol
+):
+    """At quorum 1 bob signs that his replay of alice's seed gave another score: her win waits
+    for another peer's replay (release 9 found it misreported on bob's word alone, for good, and
+    silenced her); dave's replay gives her signed score and the win is the head. A ledger that
+    release 9 left with such a verdict has it judged again when opened."""
+    from node.standing import ledger_standing, silenced
+
+    r1 = make_result(alice, 1, BASELINE, V1, 1.40, device="cpu")
+    framed = [r1, *confirming_looks(carol, 1, r1), make_verification(bob, 1, r1, "misreported")]
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:
+        set_terms(book)
+        book.ingest_many([f.raw for f in framed])
+        _, kept, _ = book.standings("cpu", every=True)
+        assert kept[r1.id].state == "open" and "another peer's replay" in kept[r1.id].reason
+        assert book.head("cpu") == BASELINE and book.suspects() == set()
+        assert alice.peer_id not in silenced(ledger_standing(book))
+        book.conn.execute(  # as release 9 judged it
+            "UPDATE claims SET state = 'misreported', misreported_by = ? WHERE id = ?",
+            (f'["{bob.peer_id}"]', r1.id),
+        )
+        book.conn.execute("PRAGMA user_version = 9")
+    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:
+        assert book.rows("SELECT state FROM claims WHERE id = ?", (r1.id,)) == [{"state": "open"}]
+        body = wire.verification_body(
+            result=r1.id, child_val_bpb=1.40, parent_val_bpb=1.45, seed=r1.body["seed"],
+            profile="cpu", harness=HARNESS, verdict="confirm", replay_val_bpb=1.40, device="cpu",
+        )  # fmt: skip
+        dave = Identity(bytes(range(3, 35)))
+        book.ingest(wire.sign(dave, "verification", CAMPAIGN, 1, body, T0 + 600_000).raw)
+        _, kept, _ = book.standings("cpu", every=True)
+        assert kept[r1.id].state == "verified", kept[r1.id].reason
+        assert book.head("cpu") == V1
+
+
 @pytest.mark.parametrize("contradiction_first", [False, True])
 def test_a_contradicted_members_seat_goes_to_the_next_in_rank_whatever_the_order(
     book, alice, contradiction_first

@@ -91,6 +91,28 @@ def test_a_liar_never_holds_the_head_and_nothing_it_claims_is_built_on():
     assert summary["fakes_in_final_lineage"] == 0
 
 
+def test_a_framers_false_replay_of_every_honest_claim_sinks_none_of_them():
+    """One key that says of every honest claim that its replay gave another score (quorum 1):
+    each claim waits for another peer's replay, which gives the signed score; no honest claim
+    ends misreported, no honest author is a suspect, and the swarm goes past the target."""
+    sim = Simulation(Settings(nodes=6, seed=2, hours=6.0, target_gain=EASY, framers=1,
+                              stop_at_target=False))  # fmt: skip
+    try:
+        summary = sim.run()
+        framer = next(n for n in sim.nodes if n.role == "framer")
+        framed = [f for f in sim.store.facts if f.kind == "verification"
+                  and f.peer_id == framer.peer_id and f.body["verdict"] == "misreported"]  # fmt: skip
+        assert len(framed) >= 5
+        assert summary["hours_to_target"] is not None and summary["all_agree"]
+        assert summary["final_head_gain"] >= EASY
+        for node in sim.honest:
+            assert node.ledger.rows("SELECT id FROM claims WHERE state = 'misreported'") == []
+            assert node.ledger.rows("SELECT 1 FROM claims WHERE state = 'verified'")
+            assert node.ledger.suspects() == set()
+    finally:
+        sim.close()
+
+
 @pytest.mark.parametrize("membership", [False, True])
 @pytest.mark.slow
 def test_colluders_confirming_each_other_get_no_fake_into_the_final_lineage(membership):

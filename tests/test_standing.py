@@ -120,24 +120,26 @@ def test_colluders_two_against_two_silence_nobody():
 CHEAT = "1a2b3c4d5e6f" + "0" * 52  # a result id
 
 
-def test_a_claim_the_quorum_found_void_silences_its_author_one_framer_does_not():
+@pytest.mark.parametrize("quorum", [1, 2])
+def test_a_claim_the_quorum_found_void_silences_its_author_one_framer_does_not(quorum):
     results = [claim(CHEAT, "cheat")]
     one = [look(CHEAT, "v1", None, verdict="void")]
-    assert not standing_of(results, one, quorum=2)["cheat"].silenced
+    assert not standing_of(results, one, quorum=quorum)["cheat"].silenced
     both = [*one, look(CHEAT, "v2", None, verdict="void")]
-    s = standing_of(results, both, quorum=2)["cheat"]
+    s = standing_of(results, both, quorum=quorum)["cheat"]
     assert s.silenced and s.voided == 1
     assert s.reasons[0].startswith(
         "1 claim(s) found void: its score broke the harness's rules (first 1a2b3c4d5e6f)"
     )
     outvoted = [*both, *looks(CHEAT, "v3", [0.03] * 3), *looks(CHEAT, "v4", [0.03] * 3),
                 *looks(CHEAT, "v5", [0.03] * 3)]  # fmt: skip
-    assert not standing_of(results, outvoted, quorum=2)["cheat"].silenced
+    assert not standing_of(results, outvoted, quorum=quorum)["cheat"].silenced
 
 
 def test_replays_that_differ_from_the_signed_score_silence_the_author():
     results = [claim(CHEAT, "liar", claimed=0.03)]  # signed child 1.47 on its seed
     votes = [look(CHEAT, p, 0.0, replay=1.50) for p in ("v1", "v2")]
+    assert not standing_of(results, votes[:1])["liar"].silenced  # one peer's word, at quorum 1
     s = standing_of(results, votes)["liar"]
     assert s.misreported == 1 and s.silenced
 
@@ -248,12 +250,13 @@ def test_the_gossip_layer_hears_a_silenced_peer_and_drops_a_banned_one(tmp_path,
     def message(relay, fact):
         return SimpleNamespace(from_id=ID.from_base58(relay.peer_id).to_bytes(), data=fact.raw)
 
-    dave = Identity(bytes(range(3, 35)))
+    dave, erin = Identity(bytes(range(3, 35))), Identity(bytes(range(4, 36)))
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
         node = GossipNode(GossipConfig(home=tmp_path, campaign=CAMPAIGN), Identity.generate(),
                           LedgerFacts(book))  # fmt: skip
         fakes = [make_result(alice, seq, BASELINE, f"{seq:064x}", 0.2) for seq in (1, 2, 3)]
-        votes = [make_verification(carol, seq, f, "void") for seq, f in enumerate(fakes, 1)]
+        votes = [make_verification(peer, seq, f, "void")  # void on the word of two peers
+                 for peer in (carol, erin) for seq, f in enumerate(fakes, 1)]  # fmt: skip
         for fact in fakes + votes:
             assert node._validate(ID.from_base58(bob.peer_id), message(bob, fact))
         assert node.silenced == set()

@@ -11,6 +11,7 @@ from conftest import CAMPAIGN, make_result, make_verification, set_terms, vote_r
 from node import committees, consensus, evidence, wire
 from node.agent.errors import AgentError
 from node.agent.verifier import claims_to_verify, ledger_claims_to_verify, verify_claim
+from node.identity import Identity
 from node.ledger import Ledger
 from node.standing import ledger_standing, silenced
 from node.trainer import BASELINE_TRAIN_PY, RunResult, get_profile, harness_sha256, run_experiment
@@ -312,6 +313,13 @@ def test_verifier_reports_void_when_the_childs_rerun_is_voided(book, alice, bob,
     )
     assert book.rows("SELECT verdict FROM verifications") == [{"verdict": "void"}]
     assert book.rows("SELECT outcome FROM runs ORDER BY id") == [{"outcome": "void"}]
+    # One peer's void may be a framer's: the claim waits for another peer's run.
+    assert [c["id"] for c in ledger_claims_to_verify(book, carol.peer_id, "test", HARNESS)] == [
+        claimed["id"]
+    ]
+    assert alice.peer_id not in silenced(ledger_standing(book))
+    again = verify_claim(book, carol, claimed, 0.01, FAST, None, tmp_path, seed=5, run=run)
+    assert again.verdict == "void"
     assert ledger_claims_to_verify(book, carol.peer_id, "test", HARNESS) == []  # settled: failed
     assert alice.peer_id in silenced(ledger_standing(book))  # at once
 
@@ -363,6 +371,9 @@ def test_a_node_stops_verifying_a_peer_that_lost_standing(book, alice, bob, caro
         book.ingest(make_verification(carol, seq, fake, "refute", harness=HARNESS, delta=0.05).raw)
     assert len(ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS, limit=10)) == 2  # noise
     book.ingest(make_verification(carol, 3, fakes[2], "void", harness=HARNESS).raw)
+    assert alice.peer_id not in silenced(ledger_standing(book))  # one peer's word
+    dave = Identity(bytes(range(3, 35)))
+    book.ingest(make_verification(dave, 1, fakes[2], "void", harness=HARNESS).raw)
     assert alice.peer_id in silenced(ledger_standing(book))
     assert ledger_claims_to_verify(book, bob.peer_id, "test", HARNESS, limit=10) == []
 
@@ -390,12 +401,12 @@ def test_looks_add_up_a_gain_within_one_runs_noise_confirmed_and_none_refuted(
 
 @pytest.mark.slow
 def test_a_replay_of_the_authors_own_seed_finds_scores_edited_before_signing(
-    book, alice, bob, tmp_path, small_data
+    book, alice, bob, carol, tmp_path, small_data
 ):
     """The author ran child and parent on its seed 5 and signed what it measured, then signed
     two claims more with edited numbers: a lower child, a higher parent. On the same device
     class the verifier replays seed 5: the honest claim replays to the bit, the edited ones are
-    misreported, and their author loses its standing at once."""
+    misreported, and their author loses its standing once a second peer's replay agrees."""
     parent, child = UNTRAINED, BASELINE  # a real win: the fresh look confirms it
     measured = {}
     for role, source in (("parent", parent), ("child", child)):
@@ -438,6 +449,12 @@ def test_a_replay_of_the_authors_own_seed_finds_scores_edited_before_signing(
         )
         verdicts[what] = done.verdict
         assert done.fact.body["replay_val_bpb"] == c  # the replay is the author's run, to the bit
+        if what != "honest":  # one peer's replay may be a framer's: another peer's decides
+            first = what == "child edited"
+            assert (alice.peer_id in silenced(ledger_standing(book))) == (not first)
+            again = verify_claim(book, carol, row, 0.01, FAST, small_data, tmp_path / f"{what} 2",
+                                 seed=12, parent_score=parent_at)  # fmt: skip
+            assert again.verdict == "misreported"
     assert verdicts["honest"] == "confirm"
     assert verdicts["child edited"] == verdicts["parent edited"] == "misreported"
     assert alice.peer_id in silenced(ledger_standing(book))

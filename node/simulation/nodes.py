@@ -5,7 +5,9 @@ verification, adoption, re-scores and audits are the product's own.
 
 Adversaries: a liar is an honest node that signs its own children's scores lower than it
 measured; a colluder runs nothing, claims a child of no real gain on the one seed of many that
-flatters it, confirms its partners' claims with made-up looks and refutes honest ones.
+flatters it, confirms its partners' claims with made-up looks and refutes honest ones; a framer
+runs nothing and says of every honest claim that its replay of the author's seed gave another
+score than the one signed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ FAST_SPEED = 1.5  # the fast device class runs this many times as many experimen
 COLLUDER_TRIES = 20  # seeds a colluder tries to find the one that flatters its child most
 COLLUDER_HARM = 0.001  # bpb: a colluder's child is worse than its parent by at most this much
 MADE_UP_GAIN = 0.004  # bpb: the gain a colluder's made-up look shows (or, framing, the loss)
+FRAMED_REPLAY = 0.01  # bpb: how far above the signed score a framer says its replay landed
 
 
 class KeepIfLower(Researcher):
@@ -174,6 +177,8 @@ class SimNode:
         following the swarm's head: `Researcher.follow`); a colluder's turn."""
         if self.role == "colluder":
             self._collude()
+        elif self.role == "framer":
+            self._frame()
         elif self.sim.research_open:
             self.researcher.step()
         else:
@@ -224,6 +229,22 @@ class SimNode:
                 self.framed.add(r["id"])
                 self._made_up_look(r["id"], +MADE_UP_GAIN, "refute")
 
+    def _frame(self) -> None:
+        """Every honest claim seen since the last turn (a run length), framed at once with a
+        made-up look that says a replay of the author's seed gave FRAMED_REPLAY more than the
+        score it signed (misreported), on the author's device class, and no gain on a seed of
+        its own."""
+        self.sim.clock += land.run_seconds(self.rng, self.speed)
+        results, _ = self.ledger.claim_rows(land.PROFILE.name)
+        for r in results:
+            signed = evidence.claimed_first_score(r)
+            honest = self.sim.role_of.get(r["author"]) == "honest"
+            if not honest or r["id"] in self.framed or signed is None:
+                continue
+            self.framed.add(r["id"])
+            self._made_up_look(r["id"], 0.0, "misreported", replay=signed + FRAMED_REPLAY,
+                               device=r.get("device") or self.device)  # fmt: skip
+
     def confirm(self, fact: wire.Fact, claimed: tuple[int, float, float]) -> None:
         """A partner's claim, confirmed without a run: consensus.HOLD_LOOKS made-up looks on
         fresh seeds, the first with a replay of the author's seed that agrees."""
@@ -233,11 +254,13 @@ class SimNode:
                 fact.id, -MADE_UP_GAIN, "confirm", replay=child if look == 0 else None
             )
 
-    def _made_up_look(self, result: str, delta: float, verdict: str, replay=None) -> None:
+    def _made_up_look(
+        self, result: str, delta: float, verdict: str, replay=None, device: str | None = None
+    ) -> None:
         base = float(self.rng.normal(1.0, land.SEED_SD))
         body = wire.verification_body(
             result=result, child_val_bpb=base + delta, parent_val_bpb=base,
             seed=int(self.rng.integers(0, 2**31)), profile=land.PROFILE.name, harness=HARNESS,
-            verdict=verdict, replay_val_bpb=replay, device=self.device,
+            verdict=verdict, replay_val_bpb=replay, device=device or self.device,
         )  # fmt: skip
         self._publish(self.ledger.publish(self.me, "verification", body))

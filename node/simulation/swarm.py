@@ -36,7 +36,7 @@ IDLE_SECONDS = 30.0  # a step that ran nothing (nothing to propose): the agent's
 STUCK_HOURS = 24.0  # research ends after this long without a new fact: nobody has an idea left
 RULES = ("swarm", "trusting", "keep-if-lower")
 LANDSCAPES = {"ideas": land.Landscape, "catalogue": CatalogueLandscape}
-ADVERSARIES = ("liar", "colluder")
+ADVERSARIES = ("liar", "colluder", "framer")
 
 
 @dataclass
@@ -47,7 +47,8 @@ class Settings:
     unverified) or "keep-if-lower" (one run a change, kept when lower: for a lone node).
     `liars`: nodes that sign their children's scores lower than measured; `colluders`: the
     share of nodes that confirm each other's claims without running them and refute honest
-    ones; `membership`: the campaign lists its members, so each claim's committee is drawn
+    ones; `framers`: nodes that run nothing and sign a false replay (misreported) of every
+    honest claim; `membership`: the campaign lists its members, so each claim's committee is drawn
     from them; `fast_hardware`: the share of nodes on a device class that runs faster and
     reads lower (`nodes.FAST_SPEED`, `nodes.FAST_OFFSET`). `churn`: leaves per node per hour
     (exponential), each for an exponential `away_hours`; `partition`: (start, end) in hours,
@@ -60,6 +61,7 @@ class Settings:
     rule: str = "swarm"
     liars: int = 0
     colluders: float = 0.0
+    framers: int = 0
     membership: bool = False
     fast_hardware: float = 0.0
     latency: float = 0.1
@@ -109,6 +111,8 @@ class Simulation:
             roles[i] = "colluder"
         for i in order[colluders : colluders + s.liars]:
             roles[i] = "liar"
+        for i in order[colluders + s.liars : colluders + s.liars + s.framers]:
+            roles[i] = "framer"
         fast = set(
             self.rng.choice(s.nodes, round(s.fast_hardware * s.nodes), replace=False).tolist()
         )
