@@ -182,12 +182,13 @@ class JudgedClaims(LedgerQueries):
             j = consensus.judge_claim(claim, looks, r, out, order, caught)
             conn.execute(
                 "INSERT OR REPLACE INTO claims VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (claim["id"], claim["profile"], claim["harness"], claim["parent"], claim["child"],
                  claim["author"], j.state, j.gain, j.se, j.seeds, j.sigma, json.dumps(j.peers),
                  json.dumps(j.outliers), int(j.disputed), j.author_z, j.reason,
                  json.dumps(j.contradicted) if j.contradicted else None,
-                 json.dumps(j.misreported_by) if j.misreported_by else None),
+                 json.dumps(j.misreported_by) if j.misreported_by else None,
+                 int(j.awaits_replay)),
             )  # fmt: skip
             heads.append((claim["id"], order, r.committee_size))
         self._keep_heads(conn, heads, out)

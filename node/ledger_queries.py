@@ -44,7 +44,7 @@ def builtin_baseline() -> str:
 
 
 _JUDGED = ("state", "gain", "se", "seeds", "sigma", "peers", "outliers", "disputed", "author_z",
-           "reason", "contradicted", "misreported_by")  # fmt: skip
+           "reason", "contradicted", "misreported_by", "awaits_replay")  # fmt: skip
 
 
 def _judgement(row: Mapping[str, Any]) -> Judgement:
@@ -54,6 +54,8 @@ def _judgement(row: Mapping[str, Any]) -> Judgement:
         tuple(json.loads(row["peers"])), tuple(json.loads(row["outliers"])),
         bool(row["disputed"]), row["author_z"], row["reason"],
         tuple(json.loads(row.get("contradicted") or "[]")),
+        awaits_replay=bool(row.get("awaits_replay")),
+        misreported_by=tuple(json.loads(row.get("misreported_by") or "[]")),
     )  # fmt: skip
 
 

@@ -168,8 +168,11 @@ def _schema_9(db: sqlite_utils.Database) -> None:
 
 def _schema_10(db: sqlite_utils.Database) -> None:
     """Release 10: a claim is found void or misreported never on one peer's word
-    (`evidence.disqualifying`); on one it waits for another peer's look. Nothing to store:
-    `Ledger` judges every claim once when it brings a ledger to this release."""
+    (`evidence.disqualifying`); on one it waits for another peer's look. A claim keeps whether
+    it waits for a replay of its author's seed (`awaits_replay`, 0 or 1), which standing reads
+    as the pure rule does (before, the ledger's standing counted no overclaim of a claim that
+    waited). `Ledger` judges every claim once when it brings a ledger to this release."""
+    db["claims"].add_column("awaits_replay", int)
 
 
 # The release whose rule the kept judgements follow: `Ledger` judges the claims of a ledger of

@@ -221,6 +221,7 @@ def test_a_ledger_of_an_older_release_gets_each_claims_ranking_head_when_opened(
         set_terms(book, members=members)
         book.ingest(r1.raw)
         book.conn.execute("DROP TABLE ranks")
+        book.conn.execute("ALTER TABLE claims DROP COLUMN awaits_replay")  # release 10's
         book.conn.execute("DROP INDEX claims_misreported")  # release 9's
         book.conn.execute("ALTER TABLE claims DROP COLUMN misreported_by")
         if release == 7:
@@ -362,6 +363,7 @@ def test_a_ledger_of_release_8_has_a_caught_authors_wins_judged_again_when_opene
         set_terms(book)
         book.ingest_many([f.raw for f in facts])
         book.conn.execute("UPDATE claims SET state = 'verified' WHERE id = ?", (r2.id,))
+        book.conn.execute("ALTER TABLE claims DROP COLUMN awaits_replay")
         book.conn.execute("DROP INDEX claims_misreported")
         book.conn.execute("ALTER TABLE claims DROP COLUMN misreported_by")
         book.conn.execute("PRAGMA user_version = 8")
@@ -385,13 +387,15 @@ def test_one_framers_replay_makes_an_honest_win_wait_and_a_release_9_verdict_is_
         set_terms(book)
         book.ingest_many([f.raw for f in framed])
         _, kept, _ = book.standings("cpu", every=True)
-        assert kept[r1.id].state == "open" and "another peer's replay" in kept[r1.id].reason
+        assert kept[r1.id].state == "open" and kept[r1.id].awaits_replay
+        assert kept[r1.id].misreported_by == (bob.peer_id,)
         assert book.head("cpu") == BASELINE and book.suspects() == set()
         assert alice.peer_id not in silenced(ledger_standing(book))
         book.conn.execute(  # as release 9 judged it
             "UPDATE claims SET state = 'misreported', misreported_by = ? WHERE id = ?",
             (f'["{bob.peer_id}"]', r1.id),
         )
+        book.conn.execute("ALTER TABLE claims DROP COLUMN awaits_replay")
         book.conn.execute("PRAGMA user_version = 9")
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:
         assert book.rows("SELECT state FROM claims WHERE id = ?", (r1.id,)) == [{"state": "open"}]

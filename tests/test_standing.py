@@ -10,7 +10,15 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BASELINE, CAMPAIGN, confirming_looks, make_result, make_verification
+from conftest import (
+    BASELINE,
+    CAMPAIGN,
+    HARNESS,
+    T0,
+    confirming_looks,
+    make_result,
+    make_verification,
+)
 
 from node import wire
 from node.consensus import Rules
@@ -85,6 +93,38 @@ def test_an_author_that_claims_far_more_than_its_verifiers_measure_is_silenced()
     s = standing_of(results, votes)["liar"]
     assert s.overclaimed == 2 and s.silenced
     assert "claimed a gain far above what its verifiers measured" in s.reasons[0]
+
+
+def test_the_ledgers_standing_counts_an_overclaim_that_waits_for_a_replay_as_the_rule_does(
+    tmp_path, alice, bob, carol
+):
+    """alice signs gains of 0.08 that bob's and carol's looks measure at 0.01: the looks would
+    verify each claim, but it waits for a replay of her seed (`awaits_replay`), and standing
+    counts the overclaim. The ledger keeps that wait with each claim, so its standing is the
+    pure rule's (until release 10 it counted none of them)."""
+    claims = []
+    for seq in (1, 2):
+        body = wire.result_body(
+            parent=BASELINE, child=f"{seq:064x}", diff=b"d", description="far more", profile="cpu",
+            harness=HARNESS, seed=seq, outcome="keep", metrics={"val_bpb": 1.42},
+            pairs=[(seq, 1.42, 1.50)], device="cpu",
+        )  # fmt: skip
+        claims.append(wire.sign(alice, "result", CAMPAIGN, seq, body, T0 + seq))
+    looks = [make_verification(who, 10 * k + i + 1, r, delta=-0.01, seed=100 + i)
+             for k, r in enumerate(claims) for who in (bob, carol) for i in range(4)]  # fmt: skip
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        book.ingest_many([f.raw for f in claims + looks])
+        _, kept, _ = book.standings("cpu", every=True)
+        assert len(kept) == 2 and all(j.state == "open" and j.awaits_replay for j in kept.values())
+        results, verifications = book.claim_rows("cpu")
+        pure = peer_standing(results, verifications, lambda p: book.rules(p))
+        kept_standing = ledger_standing(book)
+        assert kept_standing[alice.peer_id].overclaimed == 2 and alice.peer_id in silenced(
+            kept_standing
+        )
+        assert {p: s.as_dict() for p, s in kept_standing.items()} == {
+            p: s.as_dict() for p, s in pure.items()
+        }
 
 
 def test_standing_recovers_once_good_evidence_outweighs_the_bad():
