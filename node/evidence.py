@@ -21,6 +21,7 @@ MIXTURE = 1.0  # the test's prior on a real gain: half-normal, this many paired 
 FUTILITY = 0.5  # refuted: the evidence says the gain is below this many paired sigmas
 PEER_CAP = 8  # seeds of one peer that weigh on one claim, at most: keys are cheap, runs are not
 OUTLIER_Z = 4.0  # a peer whose mean gain lies this many standard errors off the others' median
+ERRATIC = 4.0  # a peer whose own looks at a claim spread this many times the typical noise
 PRIOR_DF = 2  # the profile's paired noise weighs as much as this many degrees of freedom
 # A paired difference's noise grows with the size of the change: a profile's paired noise is
 # measured on small changes, and a 1.35 bpb gain on the test profile varied by 0.05 between two
@@ -282,19 +283,33 @@ def _pool(peers: Iterable[PeerLooks]) -> tuple[float, int]:
     return total, n
 
 
+def _typical_noise(peers: Sequence[PeerLooks], prior: float) -> float:
+    """The noise of one look as most peers see it: the lower median of the profile's paired
+    noise and each peer's own spread over its seeds, one vote each, never below the prior; no
+    minority of peers, however their looks scatter, moves it."""
+    spreads = [statistics.stdev(p.gains) for p in peers if len(p.gains) >= 2]
+    return max(prior, statistics.median_low([prior, *spreads]))
+
+
 def _outliers(peers: Sequence[PeerLooks], sigma: float) -> tuple[tuple[str, ...], bool]:
-    """(the peers far outside the rest, whether the looks are disputed). The center is the
-    median of the peers' mean gains, one vote each, so that seeds bought by one key do not move
-    it; a peer is an outlier when its mean lies more than OUTLIER_Z standard errors from it,
-    and only when a strict majority of the peers lies within: without one, nobody is."""
+    """(the peers far outside the rest, whether the looks are disputed), at the typical noise
+    `sigma` (`_typical_noise`). The center is the median of the peers' mean gains, one vote
+    each, so that seeds bought by one key do not move it; a peer is an outlier when its mean
+    lies more than OUTLIER_Z standard errors from it, or its own looks spread more than ERRATIC
+    times the noise (no run's noise scatters so: made-up looks that would stall every test),
+    and only when a strict majority of the peers lies within: without one, nobody is. With
+    fewer than three peers, a peer so erratic leaves the looks disputed."""
+    center = statistics.median(p.mean for p in peers) if peers else 0.0
+    erratic = {p.peer for p in peers if len(p.gains) >= 2
+               and statistics.stdev(p.gains) > ERRATIC * spread(sigma, p.mean)}  # fmt: skip
     if len(peers) < 3:
-        return (), False
-    center = statistics.median(p.mean for p in peers)
+        return (), bool(erratic)
     _, n = _pool(peers)
     noise = spread(sigma, center)
     far = tuple(
         p.peer for p in peers
-        if abs(p.mean - center) > OUTLIER_Z * noise * math.sqrt(1 / p.weight + 1 / n)
+        if p.peer in erratic
+        or abs(p.mean - center) > OUTLIER_Z * noise * math.sqrt(1 / p.weight + 1 / n)
     )  # fmt: skip
     if 2 * (len(peers) - len(far)) > len(peers):
         return far, False
@@ -366,12 +381,12 @@ def judge(
     off = [p.peer for p in replays if p.misreported or abs(p.replay - signed) > tolerance]
     scored = [p for p in peers if p.gains]
     voids = [p.peer for p in peers if p.void and not p.gains]
-    sigma = _noise(scored, sigma)
-    outliers, disputed = _outliers(scored, sigma)
+    outliers, disputed = _outliers(scored, _typical_noise(scored, sigma))
     if replays and len(off) not in (0, len(replays)) and 2 * len(off) != len(replays):
         minority = set(off) if 2 * len(off) < len(replays) else {p.peer for p in replays} - set(off)
         outliers = tuple(sorted(set(outliers) | minority))
     pool = [p for p in scored if p.peer not in outliers]
+    sigma = _noise(pool, sigma)  # the outliers' looks weigh neither on the gain nor the noise
     total, n = _pool(pool)
     gain = total / n if n else None
     se = sigma / math.sqrt(n) if n else None

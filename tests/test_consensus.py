@@ -415,6 +415,26 @@ def test_a_peer_replays_caught_has_its_other_wins_wait_for_replays_of_their_own(
     assert state(honest, seen, rid="r2") in ("verified", HELD)
 
 
+def test_a_framers_scattered_looks_stall_no_claim():
+    """One key's looks that average no gain but scatter by 0.5 bpb, eight seeds of them: they
+    once raised the claim's noise estimate a hundredfold, so that two honest verifiers' clear
+    win ended unproven, and nobody looked again. The typical noise is the lower median of the
+    peers' own spreads and the profile's: the framer is an outlier and the win verifies;
+    against one honest peer alone the looks are disputed, and the claim waits for more."""
+    results = [result("r1", "a", BASELINE, V1)]
+    honest = looks("r1", "b", [0.03] * 4) + looks("r1", "c", [0.03, 0.028, 0.031, 0.029])
+    scattered = [look("r1", "framer", g, seed=100 + i) for i, g in enumerate([0.5, -0.5] * 4)]
+    j = judge_claims(results, honest + scattered, RULES)["r1"]
+    assert j.state in ("verified", HELD) and j.outliers == ("framer",)
+    assert j.sigma == RULES.sigma  # its spread weighs on nobody's noise
+    alone = judge_claims(results, honest[:4] + scattered, RULES)["r1"]
+    assert alone.state == "open" and alone.disputed
+    big = [result("r2", "a", BASELINE, V2)]  # an honest gain of 1.35 spreads 4% between seeds
+    wide = looks("r2", "b", [1.35, 1.30, 1.40]) + looks("r2", "c", [1.33, 1.38])
+    assert state(big, wide, rid="r2") in ("verified", HELD)
+    assert not judge_claims(big, wide, RULES)["r2"].outliers
+
+
 def test_a_framers_replay_against_agreeing_replays_is_an_outlier():
     results = [result("r1", "a", BASELINE, V1, claimed=0.03)]
     rows = [look("r1", "b", 0.03, replay=1.47), look("r1", "c", 0.03, replay=1.47),
