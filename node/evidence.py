@@ -326,6 +326,16 @@ def _passes(peers: Sequence[PeerLooks], quorum: int, sigma: float, shift: float,
     return log_evalue(sign * (total - n * shift), n, sigma) >= math.log(1 / ALPHA)
 
 
+def _replays(
+    peers: Iterable[PeerLooks], signed: float | None, tolerance: float
+) -> tuple[list[PeerLooks], list[str]]:
+    """(the peers that replayed the author's seed, those of them whose replay denies the score
+    it signed: another child score, or their word that the parent's differed)."""
+    replays = [p for p in peers if p.misreported or (p.replay is not None and signed is not None)]
+    off = [p.peer for p in replays if p.misreported or abs(p.replay - signed) > tolerance]
+    return replays, off
+
+
 def disqualifying(quorum: int) -> int:
     """The peers whose replays or runs must agree before a claim is found misreported or void:
     the quorum, and never one peer alone. Either verdict costs the author its standing at once,
@@ -377,8 +387,18 @@ def judge(
     signed = claimed_first_score(claim)
     # A replay's child score is checked here; its parent score only the replaying peer saw, and
     # its word for it weighs as a replay: either way, a majority of at least the quorum decides.
-    replays = [p for p in peers if p.misreported or (p.replay is not None and signed is not None)]
-    off = [p.peer for p in replays if p.misreported or abs(p.replay - signed) > tolerance]
+    replays, off = _replays(peers, signed, tolerance)
+    # A replay of the author's seed that most replays, and at least two peers', contradict is a
+    # report no run stands behind, as a look on a seed that replays contradict: judged, as the
+    # seeds are (`cross_check`), on every peer's report, those that do not count here too.
+    every, denied_by = _replays(
+        peer_looks(reports, claim.get("device")) if reports is not None else peers, signed,
+        tolerance,
+    )  # fmt: skip
+    backed = len(every) - len(denied_by)
+    outvoted = (
+        set(denied_by) if backed >= disqualifying(quorum) and 2 * backed > len(every) else set()
+    )
     scored = [p for p in peers if p.gains]
     voids = [p.peer for p in peers if p.void and not p.gains]
     outliers, disputed = _outliers(scored, _typical_noise(scored, sigma))
@@ -396,7 +416,7 @@ def judge(
         author_z = (claimed[0] - gain) / (spread(sigma, gain) * math.sqrt(1 / claimed[1] + 1 / n))
     base = {"gain": gain, "se": se, "seeds": n, "sigma": sigma,
             "peers": tuple(p.peer for p in pool), "outliers": outliers, "disputed": disputed,
-            "author_z": author_z, "contradicted": tuple(sorted(checked.contradicted)),
+            "author_z": author_z, "contradicted": tuple(sorted(checked.contradicted | outvoted)),
             "contested": tuple(sorted(checked.contested))}  # fmt: skip
     denied = 2 * len(off) > len(replays)  # most replays of the author's seed deny its score
     differ = (f"{len(off)} of {len(replays)} replays of the author's seed differ from its signed "

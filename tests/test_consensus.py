@@ -372,7 +372,8 @@ def test_a_claim_is_misreported_when_the_quorum_of_replays_deny_its_score_never_
 def test_one_framers_replay_is_outvoted_by_the_next_replay_and_its_claim_verifies():
     """At quorum 1 a single key that signs a false replay of an honest claim's seed sinks
     nothing: the claim waits for another peer's replay, which gives the signed score, and the
-    looks verify it; its author keeps its standing."""
+    looks verify it; its author keeps its standing. Once two peers' replays outvote it, the
+    framer's word counts on no claim."""
     results = [result("r1", "a", BASELINE, V1, claimed=0.03)]
     seen = looks("r1", "b", [0.03] * 4)
     framed = [*seen, look("r1", "framer", 0.0, seed=300, replay=1.60)]
@@ -381,6 +382,16 @@ def test_one_framers_replay_is_outvoted_by_the_next_replay_and_its_claim_verifie
     backed = [*framed, look("r1", "c", 0.03, seed=301, replay=1.47)]
     assert state(results, backed) in ("verified", HELD)
     assert consensus.suspects(judge_claims(results, framed, RULES), {"r1": results[0]}) == set()
+    # A second replay that gives the signed score: two against one, the framer's replay is a
+    # report no run stands behind, and its denial of another claim counts for nothing.
+    results += [result("r2", "a", BASELINE, V2, claimed=0.03)]
+    denial = [*looks("r2", "b", [0.03] * 4), look("r2", "framer", 0.0, seed=302, replay=1.60)]
+    assert judge_claims(results, [*backed, *denial], RULES)["r2"].awaits_replay
+    outvoted = [*backed, look("r1", "d", 0.03, seed=303, replay=1.47), *denial]
+    judged = judge_claims(results, outvoted, RULES)
+    assert judged["r1"].contradicted == ("framer",)
+    assert judged["r2"].state in ("verified", HELD) and "framer" not in judged["r2"].peers
+    assert consensus.suspects(judged, {r["id"]: r for r in results}) == {"framer"}
 
 
 def test_a_peer_replays_caught_has_its_other_wins_wait_for_replays_of_their_own():
@@ -440,7 +451,8 @@ def test_a_framers_replay_against_agreeing_replays_is_an_outlier():
     rows = [look("r1", "b", 0.03, replay=1.47), look("r1", "c", 0.03, replay=1.47),
             look("r1", "framer", 0.03, replay=1.60)]  # fmt: skip
     judged = judge_claims(results, rows, rules(1))["r1"]
-    assert judged.state != "misreported" and "framer" in judged.outliers
+    assert judged.state != "misreported" and judged.contradicted == ("framer",)
+    assert "framer" not in judged.peers
 
 
 # ---------------------------------------------------------------------------------------------
