@@ -386,7 +386,8 @@ def judge(
              if not (p.contradicted or p.contested)]  # fmt: skip
     signed = claimed_first_score(claim)
     # A replay's child score is checked here; its parent score only the replaying peer saw, and
-    # its word for it weighs as a replay: either way, a majority of at least the quorum decides.
+    # its word for it weighs as a replay: either way, a majority of at least the quorum, and
+    # of two peers, decides (`disqualifying`).
     replays, off = _replays(peers, signed, tolerance)
     # A replay of the author's seed that most replays, and at least two peers', contradict is a
     # report no run stands behind, as a look on a seed that replays contradict: judged, as the

@@ -174,7 +174,7 @@ class SimNode:
 
     def act(self) -> None:
         """One step of the node's life: a Researcher step (or, once research is over, only
-        following the swarm's head: `Researcher.follow`); a colluder's turn."""
+        following the swarm's head: `Researcher.follow`); a colluder's or a framer's turn."""
         if self.role == "colluder":
             self._collude()
         elif self.role == "framer":
