@@ -192,7 +192,10 @@ def _judge(peer: str, t: Mapping[str, Any], offences: Mapping[str, int]) -> Stan
             (t.get("misreported", ()), "found misreported: replays of its seed gave other scores"),
             (t.get("overclaimed", ()), "claimed a gain far above what its verifiers measured"),
             (t.get("outlying", ()), "looked far outside the pooled estimate of the others"),
-            (t.get("contradicted", ()), "signed looks that replays of their seeds contradict"),
+            (
+                t.get("contradicted", ()),
+                "signed looks or replays that other peers' replays contradict",
+            ),
         ]
         said = "; ".join(
             f"{len(ids)} claim(s) {why} (first {min(ids)[:12]})" for ids, why in events if ids

@@ -8,9 +8,9 @@ process and written into their homes' ledgers (a node gossips what its ledger ho
 key). The campaign's quorum is 2. The hostile side: a faker that first signs the honest win as
 its own with a lower child score than it measured (a liar), then kept claims that are worse than
 their parent or crash or break the policy; a colluder (one confirmer, below the quorum) that
-confirms them with made-up gains; a framer that signs large losses for the honest win; and a raw
-peer that forges a campaign fact and honest claims, equivocates, signs facts from the future,
-replays honest facts and floods. A second test puts a real `swarm join` node (a campaign file,
+confirms them with made-up gains; a framer that signs large losses for the honest win and a
+false replay of its author's seed; and a raw peer that forges a campaign fact and honest claims,
+equivocates, signs facts from the future, replays honest facts and floods. A second test puts a real `swarm join` node (a campaign file,
 quorum 1) in the verifier's seat. `python tests/test_byzantine.py publish FILE ADDR...` is the raw peer.
 """
 
@@ -362,6 +362,12 @@ def test_byzantine_peers_lose_standing_and_adopt_nothing_while_honest_wins_are_a
             seed=50 + i, profile="test", harness=harness, verdict="refute"))
         for i in range(4)
     ]  # fmt: skip
+    framed.append(publish(  # and its word that a replay of the author's seed gave another score
+        framer.home, ids["framer"], "verification", wire.verification_body(
+            result=win, child_val_bpb=measured[0]["parent"] + 1.0,
+            parent_val_bpb=measured[0]["parent"], seed=54, profile="test", harness=harness,
+            verdict="misreported", replay_val_bpb=measured[0]["child"] + 0.05,
+            device=measured[0]["device"])))  # fmt: skip
     wait_until(lambda: watch.check() or holds(honest, framed), "the framer's looks to spread")
 
     win_raw = rows(boot.home, "SELECT raw FROM facts WHERE id = ?", (win,))[0][0]
@@ -402,8 +408,11 @@ def test_byzantine_peers_lose_standing_and_adopt_nothing_while_honest_wins_are_a
     standing = {s["peer"]: s for s in v1.status()["standing"]}
     assert "found misreported" in standing[ids["faker"].peer_id]["reasons"][0]
     assert standing[colluder.peer_id]["outlying"] >= 1
-    assert standing[ids["framer"].peer_id]["outlying"] == 1
-    assert "looked far outside the pooled estimate" in standing[ids["framer"].peer_id]["reasons"][0]
+    # The framer's replay, against both verifiers' replays of the author's seed: contradicted,
+    # so its looks count on no claim (one peer's word never sinks a claim, and two replays
+    # that give the signed score outvote it: `evidence.disqualifying`).
+    assert standing[ids["framer"].peer_id]["contradicted"] == 1
+    assert "replays contradict" in standing[ids["framer"].peer_id]["reasons"][0]
     offences = standing[raw.peer_id]["offences"]
     assert all(
         offences.get(r) for r in ("impostor", "bad_signature", "replay", "future_time", "flood")
