@@ -299,11 +299,11 @@ def _outliers(peers: Sequence[PeerLooks], sigma: float) -> tuple[tuple[str, ...]
     times the noise (no run's noise scatters so: made-up looks that would stall every test),
     and only when a strict majority of the peers lies within: without one, nobody is. With
     fewer than three peers, a peer so erratic leaves the looks disputed."""
-    center = statistics.median(p.mean for p in peers) if peers else 0.0
     erratic = {p.peer for p in peers if len(p.gains) >= 2
                and statistics.stdev(p.gains) > ERRATIC * spread(sigma, p.mean)}  # fmt: skip
     if len(peers) < 3:
         return (), bool(erratic)
+    center = statistics.median(p.mean for p in peers)
     _, n = _pool(peers)
     noise = spread(sigma, center)
     far = tuple(
@@ -388,7 +388,6 @@ def judge(
     # A replay's child score is checked here; its parent score only the replaying peer saw, and
     # its word for it weighs as a replay: either way, a majority of at least the quorum, and
     # of two peers, decides (`disqualifying`).
-    replays, off = _replays(peers, signed, tolerance)
     # A replay of the author's seed that most replays, and at least two peers', contradict is a
     # report no run stands behind, as a look on a seed that replays contradict: judged, as the
     # seeds are (`cross_check`), on every peer's report, those that do not count here too.
@@ -396,6 +395,9 @@ def judge(
         peer_looks(reports, claim.get("device")) if reports is not None else peers, signed,
         tolerance,
     )  # fmt: skip
+    counted = {p.peer for p in peers}  # the replays that weigh on this claim's state
+    replays = [p for p in every if p.peer in counted]
+    off = [peer for peer in denied_by if peer in counted]
     backed = len(every) - len(denied_by)
     outvoted = (
         set(denied_by) if backed >= disqualifying(quorum) and 2 * backed > len(every) else set()
