@@ -70,7 +70,8 @@ class Judgement:
     contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
     awaits_replay: bool = False  # open until a replay of its author's seed backs or denies it
     # The peers whose replays of the author's seed deny its signed scores: those that found it
-    # misreported, or that it waits on another peer's replay against (`awaits_replay`).
+    # misreported, or that it waits on another peer's replay against (`awaits_replay`), or
+    # that too few denied a claim its looks refute.
     misreported_by: tuple[str, ...] = ()
     # The committee that judged it (`consensus.judge_claim`); None in an open campaign, and in a
     # ledger's kept judgements, which keep the ranking instead (`committees.seated` finds it).
@@ -359,7 +360,8 @@ def judge(
 
     - misreported: at least `quorum` peers, and never one alone (`disqualifying`), replayed the
       author's own seed on its device class and got a child score more than `tolerance` from
-      the one signed (or said the parent's was), more of them than got the signed scores;
+      the one signed (or said the parent's was), more of them than got the signed scores. With
+      fewer, refuted if its looks refute it, else open, `awaits_replay`: never verified;
     - void: as many peers' harnesses refused the child's run, more than scored it. With fewer,
       either waits for another peer's replay (`awaits_replay`) or run;
     - verified: the pooled gain passes the sequential test for a gain above zero (`log_evalue`,
@@ -429,7 +431,10 @@ def judge(
     refused = len(voids) > len(scored)  # most peers' harnesses refused to score its run
     if refused and len(voids) >= disqualifying(quorum):
         return Judgement("void", **base, reason=f"{len(voids)} peers' harnesses refused its run")
-    if denied:
+    if denied:  # on too few peers' word: it sinks no claim, nor lifts one its looks refute
+        if not disputed and _passes(pool, quorum, sigma, FUTILITY * sigma, -1):
+            return Judgement("refuted", **base, misreported_by=tuple(sorted(off)),
+                             reason=f"{_summary(gain, se, n, len(pool), checked)}; {differ}")  # fmt: skip
         return Judgement("open", **base, awaits_replay=True, misreported_by=tuple(sorted(off)),
                          reason=f"{differ}: it waits for another peer's replay")  # fmt: skip
     if refused:

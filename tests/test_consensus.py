@@ -369,6 +369,24 @@ def test_a_claim_is_misreported_when_the_quorum_of_replays_deny_its_score_never_
     )  # a replay elsewhere proves nothing
 
 
+@pytest.mark.parametrize("quorum", [1, 2])
+def test_one_replay_that_denies_a_claim_its_looks_refute_leaves_it_refuted_not_waiting(quorum):
+    """The author signed a gain of 0.5; the quorum's looks measure a loss and one replay of the
+    author's seed denies the signed score. One denial sinks nothing, but neither does it lift
+    the claim out of what its looks decide: refuted, the denier kept; a second denial finds it
+    misreported."""
+    results = [result("r1", "a", BASELINE, V1, claimed=0.5)]
+    lost = [*(v for p in ("d", "b")[-quorum:] for v in looks("r1", p, [-0.05] * 3)),
+            look("r1", "b", -0.05, seed=1, replay=1.55)]  # fmt: skip
+    judged = judge_claims(results, lost[:-1], rules(quorum))["r1"]
+    assert judged.state == "refuted" and judged.author_z > evidence.OUTLIER_Z
+    denied = judge_claims(results, lost, rules(quorum))["r1"]
+    assert (denied.state, denied.misreported_by, denied.awaits_replay) == ("refuted", ("b",), False)
+    assert "1 of 1 replays of the author's seed differ" in denied.reason
+    second = [*lost, *looks("r1", "c", [-0.05] * 3), look("r1", "c", -0.05, seed=1, replay=1.55)]
+    assert state(results, second, rules(quorum)) == "misreported"
+
+
 def test_one_framers_replay_is_outvoted_by_the_next_replay_and_its_claim_verifies():
     """At quorum 1 a single key that signs a false replay of an honest claim's seed sinks
     nothing: the claim waits for another peer's replay, which gives the signed score, and the

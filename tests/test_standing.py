@@ -184,6 +184,18 @@ def test_replays_that_differ_from_the_signed_score_silence_the_author():
     assert s.misreported == 1 and s.silenced
 
 
+def test_an_overclaim_stays_held_against_its_author_once_one_replay_denies_its_score():
+    """A claimed gain of 0.5 that one verifier's looks refute silences its author; the same
+    verifier's replay of the author's seed, which also denies it, must not give it back."""
+    results = [claim(CHEAT, "faker", claimed=0.5)]
+    lost = looks(CHEAT, "v1", [-0.05] * 3)
+    s = standing_of(results, lost)["faker"]
+    assert s.silenced and s.overclaimed == 1
+    replayed = [*lost, look(CHEAT, "v1", -0.05, seed=1, replay=1.55)]
+    s = standing_of(results, replayed)["faker"]
+    assert s.silenced and s.overclaimed == 1 and s.misreported == 0
+
+
 def test_a_peers_own_void_results_cost_it_nothing(tmp_path, alice, bob, carol):
     """Its own node voided them before they could be claimed: that is the system working."""
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
