@@ -170,7 +170,9 @@ class GossipNode:
         pubsub.on_junk = self._on_junk
         pubsub.on_invalid = self._on_bad_signature
         pubsub.on_dropped = lambda peer_id, why: self.drop(peer_id.to_base58(), why)
-        pubsub.on_stream_refused = lambda peer_id: self.refuse_stream(peer_id.to_base58())
+        pubsub.on_stream_refused = lambda peer_id: self.refuse_stream(
+            peer_id.to_base58(), f"a GossipSub stream over {self.limits.max_streams} at once"
+        )
         self.host, self.pubsub = host, pubsub
         try:
             await self._serve(host, router, pubsub)
@@ -283,9 +285,11 @@ class GossipNode:
         self.book.count_drop(peer, "bad_answer")
         self._penalise(peer, self.limits.invalid_penalty, "protocol")
 
-    def refuse_stream(self, peer: str) -> None:
-        """`peer` opened a stream over a cap (a connection's, or a protocol's for one peer)."""
+    def refuse_stream(self, peer: str, what: str) -> None:
+        """`peer` opened a stream over a cap (a connection's, or a protocol's for one peer):
+        `what`, for the log."""
         self.counts["streams_refused"] += 1
+        log.info("refused a stream from %s: %s", peer, what)
         self._penalise(peer, self.limits.stream_penalty, "streams")
 
     def _on_junk(self, peer_id: ID, exc: Exception, serious: bool = True) -> None:
