@@ -285,6 +285,44 @@ def test_pairs_of_an_unseen_change_never_shrink_the_noise():
     assert margins.paired_noise(within, 0.0, 0)[1] == 2  # a difference: counted
 
 
+def test_a_peers_discard_the_evidence_favours_runs_again_here_and_nowhere_it_ran(
+    book, alice, bob, tmp_path
+):
+    """A real gain of one sigma fails a margin of two more often than not: the offline proposer
+    proposes a peer's favoured discard again (`offline.again`), and the step runs it on this
+    node's seeds and publishes the result. A change tried here that no proposer asked to run
+    again, or one this node ran, is refused without a run."""
+    from node.agent.patch import make_diff, normalise_diff
+    from node.wire import result_body
+
+    edit = "Four Newton-Schulz steps in Muon instead of five"
+    child = dict(OfflineProposer(0).candidates(BASELINE, "test"))[edit]
+    diff = normalise_diff(make_diff(BASELINE, child)).encode()
+    parent = hashlib.sha256(BASELINE.encode()).hexdigest()
+    body = result_body(
+        parent=parent, child=hashlib.sha256(child.encode()).hexdigest(), diff=diff,
+        description=edit, profile="test", harness=loop._harness(FAST), seed=9, outcome="discard",
+        metrics={"val_bpb": 2.988, "steps": 1, "tokens": 64, "train_seconds": 1.0,
+                 "total_seconds": 2.0},
+        pairs=[(9, 2.988, 3.0)],  # 0.012 better: inside its margin, favoured by the evidence
+    )  # fmt: skip
+    book.publish(bob, "result", body)  # as a peer's fact arrives
+    head, scores = Head(BASELINE, 3.0), {1: 3.0, 2: 3.0}
+    again = research_step(
+        book, alice, OfflineProposer(0), head, SIGMA, FAST, None, tmp_path,
+        parent_score=scores.get, run=fixed_run({1: 2.97, 2: 2.975}.get),
+    )  # fmt: skip
+    assert again.description == edit and again.outcome == "keep", again.reason
+    assert again.fact.body["diff_sha256"] == change_hash(BASELINE, child)
+    authors = {r["author"] for r in book.rows("SELECT author FROM results WHERE description = ?",
+                                              (edit,))}  # fmt: skip
+    assert authors == {alice.peer_id, bob.peer_id}
+    for proposal in (Proposal(edit, child), Proposal(edit, child, rerun=True)):  # ran here
+        step = research_step(book, alice, Scripted(proposal), head, SIGMA, FAST, None, tmp_path,
+                             parent_score=scores.get, run=fixed_run(scores.get))  # fmt: skip
+        assert step.outcome == "refused" and "already tried on this head" in step.reason
+
+
 def test_a_win_on_one_seed_that_the_second_does_not_repeat_is_discarded(book, alice, tmp_path):
     heads = {1: 3.00, 2: 3.00}
     lucky = {1: 2.97, 2: 3.02}  # 0.03 better on seed 1 (a margin of 0.02), 0.02 worse on seed 2

@@ -129,13 +129,16 @@ def research_step(
         diff = normalise_diff(make_diff(head.source, proposal.source))
         # The child is the head with the canonical diff applied: trailing spaces on added lines
         # are not part of a change, so two peers' spellings of one change give one version.
-        proposal = Proposal(proposal.description, apply_diff(head.source, diff))
+        proposal = dataclasses.replace(proposal, source=apply_diff(head.source, diff))
         check_source(proposal.source)
         key = ("try", head.sha256, diff_hash(diff))
         running = f"the change {key[2][:12]} is running on another worker of this node"
         if key[2] in {a.diff_hash for a in context.history if a.outcome == "running"}:
             raise PatchError(running)
-        if key[2] in context.tried_hashes:
+        # Tried here already: run again only on purpose (`Proposal.rerun`), and never by a node
+        # that ran it (its seeds would repeat its runs).
+        ran_here = {a.diff_hash for a in context.history if a.by == "this node"}
+        if key[2] in context.tried_hashes and (not proposal.rerun or key[2] in ran_here):
             raise PatchError(f"the change {key[2][:12]} was already tried on this head")
         if check is not None:
             check(proposal.source)

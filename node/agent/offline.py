@@ -451,7 +451,7 @@ class OfflineProposer:
             except PatchError:
                 continue
             self._proposed.add((parent, key))
-            return Proposal(description, child)
+            return Proposal(description, child, rerun=key in tried)
         raise ProposalRefused(
             "the offline proposer has tried every change it knows on this train.py; "
             "adopt a newer head, or configure a model with --model"

@@ -81,6 +81,9 @@ class Context:
 class Proposal:
     description: str  # one line
     source: str  # the whole new train.py
+    # A change tried on this parent already, proposed again on purpose: a peer's discard that the
+    # evidence still favours (`offline.again`), for a run on this node's seeds.
+    rerun: bool = False
 
 
 class Proposer(Protocol):
