@@ -574,6 +574,36 @@ def test_a_change_a_peer_discarded_on_seeds_that_favoured_it_runs_again_on_anoth
     assert worth(pair) == {}
 
 
+def test_a_claims_looks_not_its_authors_numbers_tell_what_its_change_does():
+    """A liar signs a gain of 5 sigmas for its change: once other peers' looks count on the claim,
+    every node's proposer believes their pooled gain, not the signed pairs (which would put the
+    fake first in every pair it proposes). A claim found misreported is nobody's win: when its
+    looks favour its change, another node runs it again on its own seeds (`again`)."""
+    from node.agent.offline import again, beliefs
+
+    sigma, liar = 0.01, "12D3KooWliar"
+    edit = "Four Newton-Schulz steps in Muon instead of five"
+    child = dict(OfflineProposer(0).candidates(BASELINE, "test"))[edit]
+    change = change_hash(BASELINE, child)
+
+    def claim(judged) -> Context:
+        lie = Attempt(edit, "keep", -0.05, change, liar, paired=(-0.05, -0.05), judged=judged)
+        return Context(BASELINE, PROGRAM, "test", history=(lie,), sigma=sigma)
+
+    unlooked = beliefs(claim(("open", None, None))).of(edit)
+    assert unlooked.mean < -3 * sigma  # its author's word is all there is yet
+    refuted = beliefs(claim(("refuted", -0.01, 0.005))).of(edit)  # the looks: 0.01 worse
+    assert refuted.mean > 0 and refuted.gain < 0.2 * sigma
+    real = claim(("misreported", 0.012, 0.005))  # a real change, its numbers made up
+    known = beliefs(real)
+    assert -0.013 < known.of(edit).mean < -0.005
+    assert again(real, known) == {change: 1}
+    proposal = OfflineProposer(0).propose(real)
+    assert (proposal.source, proposal.rerun) == (child, True)
+    for judged in (("verified", 0.012, 0.005), ("misreported", -0.01, 0.005)):
+        assert again(claim(judged), beliefs(claim(judged))) == {}  # a win: adopted; a loss
+
+
 def test_most_changes_lose_so_a_move_measured_a_little_better_runs_before_an_unmeasured_one():
     """What changes of a kind do is learned as measured, noise taken out: when most steps lost
     (a few by far) and a few gained a little, a move nobody measured is most likely a loss, and

@@ -191,8 +191,9 @@ def beliefs(context: Context) -> Beliefs:
     verified or refuted on the way here (their pooled gain and standard error) and those
     measured on the way's earlier versions (mean paired difference, sigma^2 / seeds) tell what
     the move did there, a look at what it does here with DRIFT's variance added; every single
-    step measured on this parent, by this node or a peer (its pairs, with this node's looks at
-    it), moves it last (one with no pairs by its unpaired difference, 2 sigma^2). A move none of
+    step measured on this parent, by this node or a peer (`measured`: a claim's looks, else its
+    pairs with this node's looks at it), moves it last (one with no pairs by its unpaired
+    difference, 2 sigma^2). A move none of
     these measured, whose opposite they did, starts from its kind's prior moved by minus
     OPPOSITE_SHARE of the opposite's mean (a constant near its best sits in a valley: when down
     is worse, up is the way); an edit has no opposite."""
@@ -204,20 +205,19 @@ def beliefs(context: Context) -> Beliefs:
         if (m := evidence_key(judged.description)) is not None:
             var = judged.se**2 if judged.se > 0 else sigma**2 / max(1, judged.seeds)
             before.setdefault(m, []).append((-judged.gain, var))
-    measured: dict[bool, list[Look]] = {False: [], True: []}
+    of_kind: dict[bool, list[Look]] = {False: [], True: []}
     for attempts, into in ((context.earlier, before), (context.history, here)):
         for attempt in attempts:
             if (m := evidence_key(attempt.description)) is None:
                 continue
-            if values := (*attempt.paired, *attempt.looked):
-                look = (statistics.fmean(values), sigma**2 / len(values))
-            elif attempt.delta is not None and into is here:
+            look = measured(attempt, sigma)
+            if look is None and attempt.delta is not None and into is here:
                 look = (attempt.delta, 2 * sigma**2)
-            else:
+            if look is None:
                 continue
             into.setdefault(m, []).append(look)
-            measured[m[0] in wide].append(look)
-    prior = {kind: _prior(looks, sigma) for kind, looks in measured.items()}
+            of_kind[m[0] in wide].append(look)
+    prior = {kind: _prior(looks, sigma) for kind, looks in of_kind.items()}
     out: dict[tuple[str, int], Belief] = {}
     for m in before.keys() | here.keys():
         kind = m[0] in wide
@@ -229,6 +229,19 @@ def beliefs(context: Context) -> Beliefs:
             shift = -OPPOSITE_SHARE * belief.mean / sigma
             out[(name, -way)] = Belief.of_grid(prior[name in wide], sigma, shift)
     return Beliefs(out, sigma, {kind: Belief.of_grid(w, sigma) for kind, w in prior.items()}, wide)
+
+
+def measured(attempt: Attempt, sigma: float) -> Look | None:
+    """What an experiment measured of its change (child minus parent, bpb, with its variance):
+    of a claim that looks count on, their pooled gain and its standard error (other peers' runs;
+    its author's own numbers are any key's to make up, and a liar's would steer every node's
+    proposals toward its fakes); else its pairs with this node's looks at it; None unpaired."""
+    if attempt.judged is not None and attempt.judged[1] is not None:
+        _, gain, se = attempt.judged
+        return -gain, se**2 if se else sigma**2
+    if values := (*attempt.paired, *attempt.looked):
+        return statistics.fmean(values), sigma**2 / len(values)
+    return None
 
 
 def _log_likelihood(looks: list[Look]) -> np.ndarray:
@@ -270,7 +283,8 @@ def _prior(looks: list[Look], sigma: float) -> np.ndarray:
 
 def again(context: Context, known: Beliefs) -> dict[str, int]:
     """{change hash: the times it ran on this parent} for the single changes worth another run
-    there: every run of it a peer's discard, fewer than AGAIN_RUNS, and the evidence now saying
+    there: every run of it a peer's discard or a claim found misreported (its author's numbers
+    are no measure, and nobody adopts it), fewer than AGAIN_RUNS, and the evidence now saying
     it may gain more than a change of its kind nobody measured (`Belief.gain`). A real gain of
     one paired sigma is discarded by one research run seven times in eight (the margin is two):
     tried once and never again, a head's last wins are lost to noise and the swarm stalls
@@ -282,9 +296,17 @@ def again(context: Context, known: Beliefs) -> dict[str, int]:
     return {
         change: len(attempts) for change, attempts in runs.items()
         if "; " not in attempts[0].description and len(attempts) < AGAIN_RUNS
-        and all(a.outcome == "discard" and a.by not in ("this node", context.me) for a in attempts)
+        and all(_unclaimed(a) and a.by not in ("this node", context.me) for a in attempts)
         and known.of(attempts[0].description).gain > known.unmeasured(attempts[0].description).gain
     }  # fmt: skip
+
+
+def _unclaimed(attempt: Attempt) -> bool:
+    """Whether a run of a change leaves it nobody's win: a discard, or a claim found
+    misreported."""
+    return attempt.outcome == "discard" or (
+        attempt.judged is not None and attempt.judged[0] == "misreported"
+    )
 
 
 SURE = 1.5  # a change joins a combination when its measurements beat no change by this many se
