@@ -81,8 +81,8 @@ class Context:
 class Proposal:
     description: str  # one line
     source: str  # the whole new train.py
-    # A change tried on this parent already, proposed again on purpose: a peer's discard that the
-    # evidence still favours (`offline.again`), for a run on this node's seeds.
+    # A change tried on this parent already, proposed again on purpose: a peer's discard (or a
+    # claim found misreported) that the evidence favours (`offline.again`), for this node's seeds.
     rerun: bool = False
 
 
