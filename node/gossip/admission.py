@@ -36,10 +36,7 @@ def capped_streams(node: GossipNode, handler: Any) -> Any:
         conn = stream.muxed_conn
         key = id(conn)
         if open_streams.get(key, 0) >= node.limits.max_conn_streams:
-            node.refuse_stream(
-                conn.peer_id.to_base58(),
-                f"a stream over {node.limits.max_conn_streams} open on one connection",
-            )
+            node.refuse_stream(conn.peer_id.to_base58(), "one connection's")
             await frames.reset(stream)
             return
         open_streams[key] = open_streams.get(key, 0) + 1

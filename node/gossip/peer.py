@@ -53,15 +53,8 @@ STATUS_FILE = "gossip.json"  # inside the node's home: what `swarm peers` shows
 _SIGNED_REASONS = (wire.Reason.replay, wire.Reason.seq_backwards, wire.Reason.future_time)
 # What the transport refuses before the node's facts see it; handed to the node (`take_offences`),
 # which records it, so that standing, unlike a ban, survives a restart.
-_OFFENCES = (
-    "flood",
-    "junk",
-    "libp2p_signature",
-    "protocol",
-    "streams",
-    "window",
-    "after_ban",
-    "bad_fetch",
+_OFFENCES = frozenset(
+    ("flood", "junk", "libp2p_signature", "protocol", "streams", "window", "after_ban", "bad_fetch")
 )
 _MAX_STANDING_SHOWN = 64  # peers listed in the status file, silenced ones first
 
@@ -170,9 +163,7 @@ class GossipNode:
         pubsub.on_junk = self._on_junk
         pubsub.on_invalid = self._on_bad_signature
         pubsub.on_dropped = lambda peer_id, why: self.drop(peer_id.to_base58(), why)
-        pubsub.on_stream_refused = lambda peer_id: self.refuse_stream(
-            peer_id.to_base58(), f"a GossipSub stream over {self.limits.max_streams} at once"
-        )
+        pubsub.on_stream_refused = lambda p: self.refuse_stream(p.to_base58(), "GossipSub")
         self.host, self.pubsub = host, pubsub
         try:
             await self._serve(host, router, pubsub)
@@ -286,10 +277,9 @@ class GossipNode:
         self._penalise(peer, self.limits.invalid_penalty, "protocol")
 
     def refuse_stream(self, peer: str, what: str) -> None:
-        """`peer` opened a stream over a cap (a connection's, or a protocol's for one peer):
-        `what`, for the log."""
+        """`peer` opened a stream over a cap (`what`: a connection's, or a protocol's)."""
         self.counts["streams_refused"] += 1
-        log.info("refused a stream from %s: %s", peer, what)
+        log.info("refused a stream from %s: over the cap of %s streams", peer, what)
         self._penalise(peer, self.limits.stream_penalty, "streams")
 
     def _on_junk(self, peer_id: ID, exc: Exception, serious: bool = True) -> None:
