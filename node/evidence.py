@@ -64,7 +64,9 @@ class Judgement:
     peers: tuple[str, ...] = ()  # the peers whose looks the estimate pools
     outliers: tuple[str, ...] = ()  # peers whose looks lie far outside the others'
     disputed: bool = False  # no majority of peers agrees: nobody is an outlier, nobody trusted
-    author_z: float | None = None  # the author's own claimed gain against the pooled estimate
+    # the author's own claimed gain against the pooled estimate, in standard errors, with the
+    # quorum - 1 peers least on its side left out; None with fewer peers
+    author_z: float | None = None
     reason: str = ""
     contradicted: tuple[str, ...] = ()  # peers whose report of a seed the replays contradict
     contested: tuple[str, ...] = ()  # peers with a report that disagrees with another, no majority
@@ -372,8 +374,13 @@ def judge(
       its stands behind, on another claim or look (`consensus.suspects`);
     - refuted: the same test says the gain is below FUTILITY sigmas, with the quorum - 1 least
       favourable peers left out;
-    - open: neither yet, or disputed (no majority of the peers agrees: `_outliers`). A state is
-      the evidence's now: later looks can revoke it.
+    - open: neither yet, or disputed (no majority of the peers agrees: `_outliers`); and
+      `awaits_replay` while no replay of the author's seed came and the author's claimed gain
+      lies more than OUTLIER_Z standard errors above the pooled estimate. A state is the
+      evidence's now: later looks can revoke it.
+
+    The author's word is weighed (`Judgement.author_z`) against the looks with the quorum - 1
+    peers least on its side left out (`_author_z`), as the tests are.
 
     Before any of it, the `reports` (the looks of every peer whose word counts, those that may
     not judge this claim included; None: `looks`) are cross-checked seed by seed
@@ -415,10 +422,7 @@ def judge(
     total, n = _pool(pool)
     gain = total / n if n else None
     se = sigma / math.sqrt(n) if n else None
-    author_z = None
-    claimed = claimed_gain(claim)
-    if claimed is not None and gain is not None:
-        author_z = (claimed[0] - gain) / (spread(sigma, gain) * math.sqrt(1 / claimed[1] + 1 / n))
+    author_z = _author_z(pool, quorum, sigma, claimed_gain(claim))
     base = {"gain": gain, "se": se, "seeds": n, "sigma": sigma,
             "peers": tuple(p.peer for p in pool), "outliers": outliers, "disputed": disputed,
             "author_z": author_z, "contradicted": tuple(sorted(checked.contradicted | outvoted)),
@@ -458,7 +462,28 @@ def judge(
         return Judgement("verified", **base, reason=_summary(gain, se, n, len(pool), checked))
     if _passes(pool, quorum, sigma, FUTILITY * sigma, -1):
         return Judgement("refuted", **base, reason=_summary(gain, se, n, len(pool), checked))
+    if author_z is not None and author_z > OUTLIER_Z and not replays:
+        # Too few looks to decide the change, enough to doubt its author's word: as a verified
+        # claim's overclaim, it waits for a replay of the author's seed, and standing counts it.
+        return Judgement(
+            "open", **base, awaits_replay=True,
+            reason=f"{_summary(gain, se, n, len(pool), checked)}; its author's claimed gain lies "
+            f"{author_z:.1f} standard errors above it: it waits for a replay of the author's seed",
+        )  # fmt: skip
     return Judgement("open", **base, reason=_summary(gain, se, n, len(pool), checked))
+
+
+def _author_z(
+    peers: Sequence[PeerLooks], quorum: int, sigma: float, claimed: tuple[float, int] | None
+) -> float | None:
+    """How many standard errors the author's `claimed` (gain, seeds) lies above the pooled gain
+    of the looks with the quorum - 1 peers least on its side left out, so that quorum - 1
+    framers alone never make an author's word look far above its looks (`_passes`); None with
+    fewer than `quorum` peers or no claimed gain."""
+    if claimed is None or len(peers) < quorum:
+        return None
+    total, n = _pool(sorted(peers, key=lambda p: (p.mean, p.peer))[quorum - 1 :])
+    return (claimed[0] - total / n) / (spread(sigma, total / n) * math.sqrt(1 / claimed[1] + 1 / n))
 
 
 def _summary(

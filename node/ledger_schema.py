@@ -175,9 +175,18 @@ def _schema_10(db: sqlite_utils.Database) -> None:
     db["claims"].add_column("awaits_replay", int)
 
 
+def _schema_11(db: sqlite_utils.Database) -> None:
+    """Release 11: a claim its looks cannot yet decide, but whose author's claimed gain lies far
+    above them, waits for a replay of its author's seed, and standing counts the overclaim; the
+    author's word is weighed with the quorum - 1 looks least on its side left out
+    (`evidence.Judgement.author_z`). No column changes: `Ledger` judges every claim once when it
+    brings a ledger to this release."""
+    del db
+
+
 # The release whose rule the kept judgements follow: `Ledger` judges the claims of a ledger of
 # an older release (3 on, which keep judgements) once when it opens it.
-JUDGED_BY = 10
+JUDGED_BY = 11
 
 # Index i brings a ledger from schema version i to i + 1. Append, never edit a released step.
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
@@ -191,4 +200,5 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_8,
     _schema_9,
     _schema_10,
+    _schema_11,
 ]

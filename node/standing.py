@@ -109,8 +109,10 @@ def _tally(
             of(peer)["contradicted"].append(r["id"])
         # A claim that waits for a replay of its author's seed (`awaits_replay`) because its
         # author's word lies far above its looks tells as much of its author as a decided one;
-        # one that waits because a replay denied its score tells nothing until another agrees.
-        waits = j is not None and j.awaits_replay and not j.misreported_by
+        # one that waits only because a replay denied its score tells nothing until another
+        # agrees.
+        far = j is not None and j.author_z is not None and j.author_z > evidence.OUTLIER_Z
+        waits = j is not None and j.awaits_replay and (far or not j.misreported_by)
         if j is None or j.disputed or not (j.state in DECIDED or waits):
             continue
         author["claims"] += 1
@@ -118,7 +120,7 @@ def _tally(
         author["failed"] += j.state in DECIDED and j.state not in ("verified", consensus.HELD)
         if j.state in consensus.DISQUALIFYING:
             author[j.state].append(r["id"])
-        elif j.author_z is not None and j.author_z > evidence.OUTLIER_Z:
+        elif far:
             author["overclaimed"].append(r["id"])
         for peer in j.peers:
             of(peer)["looks"] += 1

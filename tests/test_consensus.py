@@ -387,6 +387,27 @@ def test_one_replay_that_denies_a_claim_its_looks_refute_leaves_it_refuted_not_w
     assert state(results, second, rules(quorum)) == "misreported"
 
 
+@pytest.mark.parametrize("quorum", [1, 2])
+def test_a_look_too_close_to_decide_but_far_below_the_authors_word_waits_for_its_seed(quorum):
+    """The author signed a gain of 0.05; the quorum's looks measure about nothing, too close to
+    zero to refute the change but ten standard errors below the signed gain: open, waiting for a
+    replay of the author's seed, as a verified claim's overclaim waits. Fewer peers than the
+    quorum, or one framer's loss beside an honest look, leave it plainly open."""
+    results = [result("r1", "a", BASELINE, V1, claimed=0.05)]
+    near = [look("r1", p, -0.0015) for p in ("b", "c")[:quorum]]
+    judged = judge_claims(results, near, rules(quorum))["r1"]
+    assert (judged.state, judged.awaits_replay) == ("open", True)
+    assert "standard errors above it" in judged.reason and judged.author_z > evidence.OUTLIER_Z
+    backed = judge_claims(results, [*near, look("r1", "d", -0.0015, seed=1, replay=1.45)],
+                          rules(quorum))["r1"]  # fmt: skip
+    assert (backed.state, backed.awaits_replay) == ("open", False)  # its seed gave its numbers
+    if quorum == 2:
+        alone = judge_claims(results, near[:1], rules(2))["r1"]
+        assert (alone.state, alone.awaits_replay) == ("open", False)
+        framed = [look("r1", "b", 0.045), look("r1", "framer", -0.2)]
+        assert not judge_claims(results, framed, rules(2))["r1"].awaits_replay
+
+
 def test_one_framers_replay_is_outvoted_by_the_next_replay_and_its_claim_verifies():
     """At quorum 1 a single key that signs a false replay of an honest claim's seed sinks
     nothing: the claim waits for another peer's replay, which gives the signed score, and the

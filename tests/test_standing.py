@@ -127,6 +127,33 @@ def test_the_ledgers_standing_counts_an_overclaim_that_waits_for_a_replay_as_the
         }
 
 
+def test_an_overclaim_too_close_to_decide_silences_its_author_and_a_release_10_ledger_agrees(
+    tmp_path, alice, bob, carol
+):
+    """alice signs a gain of 0.08 that bob's and carol's looks measure at about nothing: too close
+    to zero to refute the change, ten standard errors below her word. The claim waits for a
+    replay of her seed and standing counts the overclaim at once, so that nobody here runs her
+    next claims first (release 10 held it plainly open and counted nothing: its ledger is
+    judged again when opened)."""
+    body = wire.result_body(
+        parent=BASELINE, child="1" * 64, diff=b"d", description="far more", profile="cpu",
+        harness=HARNESS, seed=1, outcome="keep", metrics={"val_bpb": 1.42},
+        pairs=[(1, 1.42, 1.50)], device="cpu",
+    )  # fmt: skip
+    r1 = wire.sign(alice, "result", CAMPAIGN, 1, body, T0 + 1)
+    looks = [make_verification(who, 1, r1, "inconclusive", delta=0.001) for who in (bob, carol)]
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        book.ingest_many([f.raw for f in (r1, *looks)])
+        _, kept, _ = book.standings("cpu", every=True)
+        assert (kept[r1.id].state, kept[r1.id].awaits_replay) == ("open", True)
+        assert ledger_standing(book)[alice.peer_id].overclaimed == 1
+        assert alice.peer_id in silenced(ledger_standing(book))
+        book.conn.execute("UPDATE claims SET awaits_replay = 0")  # as release 10 judged it
+        book.conn.execute("PRAGMA user_version = 10")
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as book:
+        assert alice.peer_id in silenced(ledger_standing(book))
+
+
 def test_standing_recovers_once_good_evidence_outweighs_the_bad():
     bad = [claim("bad", "a")]
     votes = (
@@ -178,7 +205,8 @@ def test_a_claim_the_quorum_found_void_silences_its_author_one_framer_does_not(q
 
 def test_replays_that_differ_from_the_signed_score_silence_the_author():
     results = [claim(CHEAT, "liar", claimed=0.03)]  # signed child 1.47 on its seed
-    votes = [look(CHEAT, p, 0.0, replay=1.50) for p in ("v1", "v2")]
+    # looks that agree with its gain: only the replays tell
+    votes = [look(CHEAT, p, 0.03, replay=1.50) for p in ("v1", "v2")]
     assert not standing_of(results, votes[:1])["liar"].silenced  # one peer's word, at quorum 1
     s = standing_of(results, votes)["liar"]
     assert s.misreported == 1 and s.silenced
@@ -192,6 +220,19 @@ def test_an_overclaim_stays_held_against_its_author_once_one_replay_denies_its_s
     s = standing_of(results, lost)["faker"]
     assert s.silenced and s.overclaimed == 1
     replayed = [*lost, look(CHEAT, "v1", -0.05, seed=1, replay=1.55)]
+    s = standing_of(results, replayed)["faker"]
+    assert s.silenced and s.overclaimed == 1 and s.misreported == 0
+
+
+@pytest.mark.parametrize("seen", [-0.05, 0.0])
+def test_an_overclaim_the_looks_refute_or_cannot_yet_decide_stays_held_after_one_denial(seen):
+    """As above, and where the verifier's look measures about nothing (too close to zero to
+    refute the change, far below the signed gain): one denial of the author's seed leaves the
+    overclaim held against it."""
+    results = [claim(CHEAT, "faker", claimed=0.05)]
+    first = [look(CHEAT, "v1", seen)]
+    assert standing_of(results, first)["faker"].overclaimed == 1
+    replayed = [*first, look(CHEAT, "v1", seen, seed=1, replay=1.5)]
     s = standing_of(results, replayed)["faker"]
     assert s.silenced and s.overclaimed == 1 and s.misreported == 0
 
