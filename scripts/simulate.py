@@ -6,6 +6,7 @@ rule, over several seeds, with bootstrap intervals.
 .venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --liars 1
 .venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --colluders 0.3 --membership
 .venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --framers 1
+.venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --jammers 1 --landscape catalogue
 .venv/bin/python scripts/simulate.py --nodes 16 --seeds 32 --fast-hardware 0.5
 .venv/bin/python scripts/simulate.py --calibrate --quorum 2   # the rule's error rates and power
 """
@@ -49,6 +50,9 @@ def main() -> int:
     p.add_argument("--colluders", type=float, default=0.0, help="share of colluding nodes")
     p.add_argument("--framers", type=int, default=0,
                    help="nodes signing a false replay of every honest claim")  # fmt: skip
+    p.add_argument("--jammers", type=int, default=0,
+                   help="nodes signing a discard of every change on each head, none run "
+                        "(the catalogue)")  # fmt: skip
     p.add_argument("--membership", action="store_true",
                    help="the campaign lists its members: committees are drawn from them")  # fmt: skip
     p.add_argument("--fast-hardware", type=float, default=0.0,
@@ -80,11 +84,15 @@ def main() -> int:
         return _calibrate(args)
     if min(args.nodes) < 1 or args.quorum < 1 or args.seeds < 1 or not 0 <= args.colluders < 1:
         p.error("need --nodes, --quorum and --seeds >= 1, and 0 <= --colluders < 1")
-    if any(args.liars + args.framers + round(args.colluders * n) >= n for n in args.nodes):
-        p.error("leave at least one honest node: fewer --liars, --framers or --colluders")
+    if any(args.liars + args.framers + args.jammers + round(args.colluders * n) >= n
+           for n in args.nodes):  # fmt: skip
+        p.error("leave at least one honest node: fewer --liars, --framers, --jammers or "
+                "--colluders")  # fmt: skip
+    if args.jammers and args.landscape != "catalogue":
+        p.error("--jammers sign the offline proposer's changes: add --landscape catalogue")
     settings = Settings(
         nodes=args.nodes[0], hours=args.hours, quorum=args.quorum, liars=args.liars,
-        colluders=args.colluders, framers=args.framers, membership=args.membership, fast_hardware=args.fast_hardware,
+        colluders=args.colluders, framers=args.framers, jammers=args.jammers, membership=args.membership, fast_hardware=args.fast_hardware,
         latency=args.latency, loss=args.loss, churn=args.churn, away_hours=args.away,
         partition=args.partition, target_gain=args.target_gain, verify_every=args.verify_every,
         landscape=args.landscape, proposer=args.proposer,
@@ -140,7 +148,8 @@ def _text(out: dict) -> str:
     lines = [
         f"{s['nodes']} nodes, quorum {s['quorum']}, {out['seeds']} seeds, {s['landscape']} "
         f"landscape, target gain {out['target_gain_median'] or s['target_gain']:.4f} bpb (median); "
-        f"liars {s['liars']}, framers {s['framers']}, colluders {s['colluders']:.0%}"
+        f"liars {s['liars']}, framers {s['framers']}, jammers {s.get('jammers', 0)}, "
+        f"colluders {s['colluders']:.0%}"
         f"{' (members listed)' if s['membership'] else ''}, fast hardware {s['fast_hardware']:.0%}",
         f"  median hours to the target: {hours(out['median_hours'])} "
         f"({out['seeds_reaching_target']} of {out['seeds']} seeds reached it)",

@@ -7,7 +7,8 @@ Adversaries: a liar is an honest node that signs its own children's scores lower
 measured; a colluder runs nothing, claims a child of no real gain on the one seed of many that
 flatters it, confirms its partners' claims with made-up looks and refutes honest ones; a framer
 runs nothing and says of every honest claim that its replay of the author's seed gave another
-score than the one signed.
+score than the one signed; a jammer runs nothing and, on every head it sees, signs a discard of
+every change the offline proposer knows there, each with a made-up loss of a paired sigma.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from node import consensus, evidence, wire
 from node.agent import offline
 from node.agent.loop import Head, Step, research_step
+from node.agent.offline import OfflineProposer
 from node.agent.patch import make_diff, normalise_diff
 from node.agent.proposers import Attempt, Context, Proposal
 from node.agent.researcher import Researcher
@@ -133,6 +135,7 @@ class SimNode:
         queued.propose = proposing
         self.partners: list[SimNode] = []  # a colluder's
         self.framed: set[str] = set()
+        self.jammed: set[str] = set()  # the heads a jammer jammed
 
     @staticmethod
     def identity(seed: int, index: int) -> Identity:
@@ -179,6 +182,8 @@ class SimNode:
             self._collude()
         elif self.role == "framer":
             self._frame()
+        elif self.role == "jammer":
+            self._jam()
         elif self.sim.research_open:
             self.researcher.step()
         else:
@@ -244,6 +249,31 @@ class SimNode:
             self.framed.add(r["id"])
             self._made_up_look(r["id"], 0.0, "misreported", replay=signed + FRAMED_REPLAY,
                                device=r.get("device") or self.device)  # fmt: skip
+
+    def _jam(self) -> None:
+        """Every change the offline proposer knows on the swarm's head, once per head: a discard
+        signed with a made-up pair on a seed of its own, the child a paired sigma worse than the
+        parent (a plausible loss, which the evidence does not favour running again). No run
+        behind any of them."""
+        self.sim.clock += land.run_seconds(self.rng, self.speed)
+        head = self.researcher.best_head()
+        if head in self.jammed:
+            return
+        self.jammed.add(head)
+        parent = (self.ledger.version(head) or self.sim.landscape.baseline.encode()).decode()
+        for description, text in OfflineProposer(seed=self.index).candidates(parent, land.PROFILE):
+            seed, score = (
+                int(self.rng.integers(0, 2**31)),
+                float(self.rng.normal(1.0, land.SEED_SD)),
+            )
+            body = wire.result_body(
+                parent=head, child=hashlib.sha256(text.encode()).hexdigest(),
+                diff=normalise_diff(make_diff(parent, text)).encode(), description=description,
+                profile=land.PROFILE.name, harness=HARNESS, seed=seed, outcome="discard",
+                metrics={"val_bpb": score + land.PAIRED_SD, "steps": 1000, "tokens": land.PROFILE.budget_tokens},
+                pairs=[(seed, score + land.PAIRED_SD, score)], device=self.device,
+            )  # fmt: skip
+            self._publish(self.ledger.publish(self.me, "result", body))
 
     def confirm(self, fact: wire.Fact, claimed: tuple[int, float, float]) -> None:
         """A partner's claim, confirmed without a run: consensus.HOLD_LOOKS made-up looks on

@@ -36,7 +36,7 @@ IDLE_SECONDS = 30.0  # a step that ran nothing (nothing to propose): the agent's
 STUCK_HOURS = 24.0  # research ends after this long without a new fact: nobody has an idea left
 RULES = ("swarm", "trusting", "keep-if-lower")
 LANDSCAPES = {"ideas": land.Landscape, "catalogue": CatalogueLandscape}
-ADVERSARIES = ("liar", "colluder", "framer")
+ADVERSARIES = ("liar", "colluder", "framer", "jammer")
 
 
 @dataclass
@@ -48,7 +48,8 @@ class Settings:
     `liars`: nodes that sign their children's scores lower than measured; `colluders`: the
     share of nodes that confirm each other's claims without running them and refute honest
     ones; `framers`: nodes that run nothing and sign a false replay (misreported) of every
-    honest claim; `membership`: the campaign lists its members, so each claim's committee is drawn
+    honest claim; `jammers`: nodes that run nothing and sign a discard of every change the
+    offline proposer knows on each head they see (the catalogue landscape); `membership`: the campaign lists its members, so each claim's committee is drawn
     from them; `fast_hardware`: the share of nodes on a device class that runs faster and
     reads lower (`nodes.FAST_SPEED`, `nodes.FAST_OFFSET`). `churn`: leaves per node per hour
     (exponential), each for an exponential `away_hours`; `partition`: (start, end) in hours,
@@ -62,6 +63,7 @@ class Settings:
     liars: int = 0
     colluders: float = 0.0
     framers: int = 0
+    jammers: int = 0
     membership: bool = False
     fast_hardware: float = 0.0
     latency: float = 0.1
@@ -91,6 +93,8 @@ class Simulation:
             raise ValueError(
                 f"landscape must be one of {', '.join(LANDSCAPES)}, not {s.landscape!r}"
             )
+        if s.jammers and s.landscape != "catalogue":
+            raise ValueError("jammers sign the offline proposer's changes: use the catalogue")
         if s.proposer not in ("learning", "fixed"):
             raise ValueError(f"proposer must be learning or fixed, not {s.proposer!r}")
         self.landscape = LANDSCAPES[s.landscape](s.seed)
@@ -113,6 +117,8 @@ class Simulation:
             roles[i] = "liar"
         for i in order[colluders + s.liars : colluders + s.liars + s.framers]:
             roles[i] = "framer"
+        for i in order[colluders + s.liars + s.framers :][: s.jammers]:
+            roles[i] = "jammer"
         fast = set(
             self.rng.choice(s.nodes, round(s.fast_hardware * s.nodes), replace=False).tolist()
         )
@@ -169,7 +175,7 @@ class Simulation:
                 if version not in self.sources:
                     self.sources[version] = node.ledger.version(version) or b""
             # who first measured each single change: a combination's parts are theirs
-            if "; " not in fact.body["description"]:
+            if "; " not in fact.body["description"] and node.role != "jammer":  # it ran none
                 self.found_by.setdefault(fact.body["description"], fact.peer_id)
             if fact.body["outcome"] == "keep":
                 child, made = (
