@@ -73,6 +73,33 @@ def test_offline_proposer_never_proposes_an_already_tried_change():
         OfflineProposer(0).propose(Context(BASELINE, tried=frozenset(everything)))
 
 
+def test_a_peers_discard_of_every_change_leaves_its_changes_to_run_again_not_nothing():
+    """One key signed a discard of every change on the parent, each a plausible loss: the
+    proposer has nothing untried, and runs the peer's discards again (`Proposal.rerun`), each
+    once by this node, never a change this node ran itself or one that ran AGAIN_RUNS times."""
+    candidates = [(d, c) for d, c in OfflineProposer(0).candidates(BASELINE, "test")
+                  if c != BASELINE]  # fmt: skip
+
+    def discard(description: str, child: str, by: str = "12D3KooWjammer") -> Attempt:
+        return Attempt(description, "discard", 0.004, change_hash(BASELINE, child), by,
+                       paired=(0.004,))  # fmt: skip
+
+    jammed = tuple(discard(d, c) for d, c in candidates)
+    proposer, rerun = OfflineProposer(0), []
+    for _ in range(5):
+        proposal = proposer.propose(Context(BASELINE, history=jammed, me="12D3KooWme"))
+        assert proposal.rerun and "; " not in proposal.description
+        rerun.append(proposal.source)
+    assert len(set(rerun)) == 5  # each once
+    singles = [(d, c) for d, c in candidates if "; " not in d]
+    mine = tuple(discard(d, c, "this node") for d, c in singles)
+    with pytest.raises(ProposalRefused, match="tried every change"):
+        OfflineProposer(0).propose(Context(BASELINE, history=jammed + mine, me="12D3KooWme"))
+    thrice = jammed + tuple(discard(d, c, f"12D3KooWpeer{k}") for d, c in singles for k in (1, 2))
+    with pytest.raises(ProposalRefused, match="tried every change"):
+        OfflineProposer(0).propose(Context(BASELINE, history=thrice, me="12D3KooWme"))
+
+
 def test_offline_proposer_skips_changes_in_the_history_of_peers():
     first = OfflineProposer(5).propose(Context(BASELINE))
     seen = Attempt(
@@ -84,8 +111,9 @@ def test_offline_proposer_skips_changes_in_the_history_of_peers():
 
 def test_offline_proposer_steps_no_constant_a_run_scored_exactly_as_its_parent():
     """LOSS_CHUNKS is read only by the gpu recipe: once one step of it scored as its parent on
-    every seed, no other step of it (alone or in a pair) is proposed; a step that moved the
-    score closes nothing."""
+    every seed this node ran or looked at, no other step of it (alone or in a pair) is
+    proposed; a step that moved the score closes nothing, nor does a peer's word alone: one
+    key that signed no difference for a step of every constant would close them all."""
 
     def proposals(history: tuple[Attempt, ...]) -> list[str]:
         proposer, out = OfflineProposer(3), []
@@ -94,12 +122,16 @@ def test_offline_proposer_steps_no_constant_a_run_scored_exactly_as_its_parent()
             out.append(proposer.propose(context).description)
         return out
 
-    unseen = Attempt("LOSS_CHUNKS 4 -> 3", "discard", 0.0, "h1", "12D3KooWpeer", paired=(0.0, 0.0))
+    unseen = Attempt("LOSS_CHUNKS 4 -> 3", "discard", 0.0, "h1", "this node", paired=(0.0, 0.0))
     moved = Attempt("HEAD_LR 0.004 -> 0.002", "discard", 0.01, "h2", "12D3KooWpeer", paired=(0.01,))
     before, after = proposals(()), proposals((unseen, moved))
     assert any("LOSS_CHUNKS" in d for d in before) and any("HEAD_LR" in d for d in before)
     assert not any("LOSS_CHUNKS" in d for d in after)
     assert any("HEAD_LR" in d for d in after)
+    peers = dataclasses.replace(unseen, by="12D3KooWpeer")
+    assert any("LOSS_CHUNKS" in d for d in proposals((peers, moved)))  # its word alone
+    looked = dataclasses.replace(peers, looked=(0.0,))  # this node's own look agrees
+    assert not any("LOSS_CHUNKS" in d for d in proposals((looked, moved)))
 
 
 def test_offline_proposer_steps_the_model_size_of_its_own_profile_only():

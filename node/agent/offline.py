@@ -3,9 +3,10 @@ order the swarm's evidence moves.
 
 It needs no network and no key, so a laptop without a model still contributes. Deterministic
 for a seed, a parent and what the ledger holds; it proposes a change already tried on that
-parent only when its runs there were a peer's discards that the evidence still favours
-(`again`, at most AGAIN_RUNS in all), tries first the changes measured better than noise there,
-together (`combination`), then the moves that measured steps on it and on its lineage favour.
+parent only when its runs there were a peer's discards (at most AGAIN_RUNS in all), first those
+the evidence still favours (`again`), the rest once it tried everything else. It tries first
+the changes measured better than noise there, together (`combination`), then the moves that
+measured steps on it and on its lineage favour.
 Its catalogue of changes is `node.agent.catalogue`'s.
 """
 
@@ -50,12 +51,14 @@ def _constants(description: str) -> set[str]:
 
 def unread_constants(context: Context) -> set[str]:
     """Constants a run of this parent did not see: a single step of one scored exactly as the
-    parent on every seed paired (a CPU replays a run bit for bit), by this node or a peer, so
+    parent on every seed this node paired or looked at (a CPU replays a run bit for bit), so
     that every other step of that constant would be a run spent on nothing (a constant only
-    another profile's recipe reads)."""
+    another profile's recipe reads). A peer's own pairs are its word alone: one key that
+    signed a step of every constant with no difference would have every node skip them all."""
     return {
         name for a in context.history
-        if a.paired and not any(a.paired) and "; " not in a.description
+        if "; " not in a.description
+        and (seen := (a.paired if a.by == "this node" else ()) + a.looked) and not any(seen)
         for name in _constants(a.description)
     }  # fmt: skip
 
@@ -281,23 +284,32 @@ def _prior(looks: list[Look], sigma: float) -> np.ndarray:
     return weights
 
 
-def again(context: Context, known: Beliefs) -> dict[str, int]:
-    """{change hash: the times it ran on this parent} for the single changes worth another run
-    there: every run of it a peer's discard or a claim found misreported (its author's numbers
-    are no measure, and nobody adopts it), fewer than AGAIN_RUNS, and the evidence now saying
-    it may gain more than a change of its kind nobody measured (`Belief.gain`). A real gain of
-    one paired sigma is discarded by one research run seven times in eight (the margin is two):
-    tried once and never again, a head's last wins are lost to noise and the swarm stalls
-    there with them untried. Another node runs it, on its own seeds; one that ran it never
-    does, its seeds would repeat its runs."""
+def rerunnable(context: Context) -> dict[str, tuple[str, int]]:
+    """{change hash: (its description, the times it ran on this parent)} for the single changes
+    this node may run there again: every run of it a peer's discard or a claim found
+    misreported (its author's numbers are no measure, and nobody adopts it), fewer than
+    AGAIN_RUNS. Another node runs it, on its own seeds; one that ran it never does, its seeds
+    would repeat its runs."""
     runs: dict[str, list[Attempt]] = {}
     for attempt in context.history:
         runs.setdefault(attempt.diff_hash, []).append(attempt)
     return {
-        change: len(attempts) for change, attempts in runs.items()
+        change: (attempts[0].description, len(attempts)) for change, attempts in runs.items()
         if "; " not in attempts[0].description and len(attempts) < AGAIN_RUNS
         and all(_unclaimed(a) and a.by not in ("this node", context.me) for a in attempts)
-        and known.of(attempts[0].description).gain > known.unmeasured(attempts[0].description).gain
+    }  # fmt: skip
+
+
+def again(context: Context, known: Beliefs) -> dict[str, int]:
+    """{change hash: the times it ran on this parent} for the `rerunnable` changes worth
+    another run there before anything untried: those the evidence now says may gain more than
+    a change of its kind nobody measured (`Belief.gain`). A real gain of one paired sigma is
+    discarded by one research run seven times in eight (the margin is two): tried once and
+    never again, a head's last wins are lost to noise and the swarm stalls there with them
+    untried. The others run again once everything else was tried (`OfflineProposer.propose`)."""
+    return {
+        change: runs for change, (description, runs) in rerunnable(context).items()
+        if known.of(description).gain > known.unmeasured(description).gain
     }  # fmt: skip
 
 
@@ -459,21 +471,28 @@ class OfflineProposer:
         unseen = unread_constants(context)
         seen: set[str] = set()
         ordered, more = self._plan(context)
+        ordered = list(ordered)
         beyond = context.tried - {a.diff_hash for a in context.history}  # a queue's merges, say
-        for description, child in ordered:
-            if child == context.train_py or unseen & _constants(description):
-                continue
-            key = _change_hash(context.train_py, child)
-            if (key in tried and (key not in more or key in beyond)) or key in seen or (
-                parent, key) in self._proposed:  # fmt: skip
-                continue
-            seen.add(key)
-            try:
-                check_source(child)
-            except PatchError:
-                continue
-            self._proposed.add((parent, key))
-            return Proposal(description, child, rerun=key in tried)
+        # Everything else tried, a peer's discard runs again here, in the same order: a peer's
+        # discard is its word, and one key that signed a discard of every change would
+        # otherwise leave every node nothing to try.
+        rest = {change: runs for change, (_, runs) in rerunnable(context).items()}
+        for allowed in (more, rest):
+            for description, child in ordered:
+                if child == context.train_py or unseen & _constants(description):
+                    continue
+                key = _change_hash(context.train_py, child)
+                if (key in tried and (key not in allowed or key in beyond)) or key in seen or (
+                    parent, key) in self._proposed:  # fmt: skip
+                    continue
+                seen.add(key)
+                try:
+                    check_source(child)
+                except PatchError:
+                    continue
+                self._proposed.add((parent, key))
+                return Proposal(description, child, rerun=key in tried)
+            seen = set()
         raise ProposalRefused(
             "the offline proposer has tried every change it knows on this train.py; "
             "adopt a newer head, or configure a model with --model"
@@ -483,7 +502,7 @@ class OfflineProposer:
 class FixedList(OfflineProposer):
     """The offline proposer without what it learns: its catalogue in its seeded order, single
     changes first, blind to the swarm's evidence and to its peers' shares. It still skips what
-    was tried on the parent. A control to measure the learning proposer against
+    was tried on the parent, until it has tried everything else. A control to measure the learning proposer against
     (`swarm join --proposer fixed`, `scripts/simulate.py --proposer fixed`)."""
 
     kind = "fixed"

@@ -82,7 +82,8 @@ class Proposal:
     description: str  # one line
     source: str  # the whole new train.py
     # A change tried on this parent already, proposed again on purpose: a peer's discard (or a
-    # claim found misreported) that the evidence favours (`offline.again`), for this node's seeds.
+    # claim found misreported) that the evidence favours (`offline.again`), or any such once
+    # everything else was tried (`offline.rerunnable`), for this node's seeds.
     rerun: bool = False
 
 
