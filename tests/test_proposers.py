@@ -575,7 +575,8 @@ def test_a_change_a_peer_discarded_on_seeds_that_favoured_it_runs_again_on_anoth
     change nobody measured) is proposed again, by one node of those that did not run it, up to
     AGAIN_RUNS runs in all. Not one the evidence does not favour, nor one this node ran (its
     seeds would repeat its runs), nor a kept one, nor a running one, nor a pair."""
-    from node.agent.offline import AGAIN_RUNS, again, beliefs, share_of
+    from node.agent.beliefs import beliefs
+    from node.agent.offline import AGAIN_RUNS, again, share_of
 
     edit = "Four Newton-Schulz steps in Muon instead of five"
     child = dict(OfflineProposer(0).candidates(BASELINE, "test"))[edit]
@@ -611,7 +612,8 @@ def test_a_claims_looks_not_its_authors_numbers_tell_what_its_change_does():
     every node's proposer believes their pooled gain, not the signed pairs (which would put the
     fake first in every pair it proposes). A claim found misreported is nobody's win: when its
     looks favour its change, another node runs it again on its own seeds (`again`)."""
-    from node.agent.offline import again, beliefs
+    from node.agent.beliefs import beliefs
+    from node.agent.offline import again
 
     sigma, liar = 0.01, "12D3KooWliar"
     edit = "Four Newton-Schulz steps in Muon instead of five"
@@ -642,7 +644,7 @@ def test_most_changes_lose_so_a_move_measured_a_little_better_runs_before_an_unm
     a move a peer measured once a little better than the parent, inside the noise, is less
     likely one of the large losses: it may gain more, and runs again before any unmeasured
     move; one measured a little worse does not."""
-    from node.agent.offline import beliefs, evidence_key
+    from node.agent.beliefs import beliefs, evidence_key
 
     sigma = 0.01
     names = (
@@ -758,7 +760,7 @@ def test_a_difference_inside_the_nodes_noise_is_no_lead():
     its parent, well inside one paired sigma, waits behind the moves nobody measured (it has
     less room to surprise); the same difference on a quiet machine, several sigmas, leads, and
     on a noisy one, half a sigma, it may gain hardly more than a move nobody measured."""
-    from node.agent.offline import beliefs
+    from node.agent.beliefs import beliefs
 
     def context(delta: float, sigma: float) -> Context:
         step = Attempt(
@@ -802,7 +804,7 @@ def test_the_spread_of_a_kind_of_change_is_learned_from_what_the_swarm_measured(
                                "EMBED_LR 0.6 -> 0.3", "MATRIX_LR 0.02 -> 0.01"))
     ]  # fmt: skip
     context = Context(BASELINE, PROGRAM, "test", earlier=tuple(earlier), sigma=sigma)
-    from node.agent.offline import beliefs
+    from node.agent.beliefs import beliefs
 
     # the spreads of the test profile's model-size row (DEPTH, MODEL_DIM, ...) and of the rest
     known = beliefs(context)
@@ -832,7 +834,7 @@ def test_an_edit_measured_on_the_way_here_is_ordered_by_what_it_did_there():
     assert plain.index(cosine) < len(plain) - 1 and plain.index(floor) > 0  # the seed's order
     assert told[-1] == cosine and told[0] == floor
     assert sorted(told) == sorted(plain)  # an order, nothing dropped
-    from node.agent.offline import beliefs
+    from node.agent.beliefs import beliefs
 
     believed = beliefs(Context(BASELINE, PROGRAM, "test", earlier=(lost,))).known
     assert list(believed) == [(cosine, 0)]  # no opposite of an edit is made up
@@ -860,7 +862,7 @@ def test_the_prompt_lists_the_latest_experiments_and_the_offline_proposer_reads_
     ["x - -> e", "NAME e -> 1", "LR . -> 2", "A 1 -> 1", "a pair 1 -> 2; B 2 -> 3 x", "", "->"],
 )
 def test_a_peers_description_of_any_form_moves_nothing_and_breaks_nothing(description):
-    from node.agent.offline import move
+    from node.agent.beliefs import move
 
     odd = Attempt(description, "discard", 0.5, "h", "12D3KooWpeer", paired=(0.5,))
     assert move(description) is None
@@ -874,7 +876,7 @@ def test_a_peers_numbers_however_far_out_order_everything_and_break_nothing(valu
     single changes and pairs alike, leave every belief finite, and the proposer proposes."""
     import math
 
-    from node.agent.offline import beliefs
+    from node.agent.beliefs import beliefs
 
     odd = tuple(
         Attempt(d, "discard", value, f"h{i}", "12D3KooWpeer", paired=(value, value))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from node import consensus, evidence, wire
-from node.agent import offline
+from node.agent import beliefs
 from node.agent.loop import Head, Step, research_step
 from node.agent.offline import OfflineProposer
 from node.agent.patch import make_diff, normalise_diff
@@ -81,7 +81,7 @@ def as_trusted(context: Context) -> Context:
     """What a proposer of a node that trusts every claim sees: each kept result judged verified
     by its author's own pairs (their mean gain, and its standard error at the node's noise), so
     that it combines the wins its peers claim as the swarm's rule combines verified ones."""
-    sigma = offline.sigma_of(context)
+    sigma = beliefs.sigma_of(context)
 
     def trusted(attempt: Attempt) -> Attempt:
         if attempt.outcome != "keep" or not attempt.paired:
