@@ -214,13 +214,6 @@ def silenced(standing: Mapping[str, Standing]) -> set[str]:
     return {peer for peer, s in standing.items() if s.silenced}
 
 
-def heard(standing: Mapping[str, Standing]) -> set[str]:
-    """The peers whose own word steers this node's proposals (`context_from_ledger`): those with
-    standing and a history others checked (a claim verified, a look that agreed with the
-    others'). A key that never ran anything another peer could check has none."""
-    return {peer for peer, s in standing.items() if s.good and not s.silenced}
-
-
 def banned(standing: Mapping[str, Standing]) -> set[str]:
     """The peers whose refused messages alone cost them standing."""
     return {peer for peer, s in standing.items() if s.banned}

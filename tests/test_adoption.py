@@ -7,10 +7,11 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN, confirming_looks, make_result
 
+from node.agent import offline
 from node.agent.adoption import QueuedProposer, best_head, bundles, merge_proposals
 from node.agent.offline import OfflineProposer
 from node.agent.patch import change_hash
-from node.agent.proposers import Attempt, Context, Proposal, share_rank
+from node.agent.proposers import Attempt, Context, Proposal
 from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import BASELINE_TRAIN_PY
@@ -123,7 +124,7 @@ def test_a_merge_every_node_queues_is_run_by_the_two_first_in_rank_then_by_the_n
     peers = [Identity(bytes([i]) * 32).peer_id for i in range(6)]
     merge = merge_proposals_stub()
     ranked = sorted(peers, reverse=True,
-                    key=lambda p: share_rank(p, change_hash(NARROW, BOTH)))  # fmt: skip
+                    key=lambda p: offline.share_rank(p, change_hash(NARROW, BOTH)))  # fmt: skip
     took = {}
     for me in peers:
         queue = QueuedProposer(OfflineProposer(0))
@@ -159,7 +160,7 @@ def test_a_change_a_peers_merge_waiting_here_brings_is_not_proposed_anew():
 
     peers = [Identity(bytes([i]) * 32).peer_id for i in range(6)]
     key = change_hash(NARROW, BOTH)
-    last = min(peers, key=lambda p: share_rank(p, key))  # its turn comes last
+    last = min(peers, key=lambda p: offline.share_rank(p, key))  # its turn comes last
     queue = QueuedProposer(Listed(BOTH, WIDE))
     queue.add_for(NARROW, merge_proposals_stub(), shared=True)
     context = Context(NARROW, me=last, active=frozenset(peers))
@@ -200,7 +201,7 @@ def test_a_merge_waiting_behind_another_nodes_bundle_does_not_count_its_wait():
 
     def rank(change: str) -> list[str]:
         key = change_hash(BASELINE, change)
-        return sorted(peers, key=lambda p: share_rank(p, key), reverse=True)
+        return sorted(peers, key=lambda p: offline.share_rank(p, key), reverse=True)
 
     me = next(p for p in peers if rank(BOTH).index(p) >= 5 and rank(NARROW).index(p) >= 2)
     queue = QueuedProposer(OfflineProposer(0))

@@ -100,42 +100,6 @@ def test_a_peers_discard_of_every_change_leaves_its_changes_to_run_again_not_not
         OfflineProposer(0).propose(Context(BASELINE, history=thrice, me="12D3KooWme"))
 
 
-def test_a_peers_run_closes_a_change_only_on_its_share_its_looks_or_a_heard_history(
-    tmp_path, alice, bob
-):
-    """A key that ran nothing signs discards of twelve changes of the baseline. To a node that
-    has not heard it (no history others checked: `standing.heard`), only those of its share
-    among the peers researching lately are closed, every one of them is evidence still; a
-    peer it has heard closes every change it ran; with `heard` None, everyone's run does."""
-    import hashlib
-
-    from conftest import CAMPAIGN, make_result
-
-    from node.agent.proposers import context_from_ledger, share_of
-    from node.identity import Identity
-    from node.ledger import Ledger
-
-    jammer = Identity(bytes(range(5, 37)))
-    base = hashlib.sha256(BASELINE.encode()).hexdigest()
-    now = int(time.time() * 1000) - 60_000
-    with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:
-        jammed = [make_result(jammer, seq, base, f"{seq:064x}", 1.6, outcome="discard",
-                              profile="test", time_ms=now + seq) for seq in range(1, 13)]  # fmt: skip
-        bobs = make_result(bob, 1, base, "ff" * 32, 1.6, outcome="discard", profile="test",
-                           time_ms=now)  # fmt: skip
-        book.ingest_many([f.raw for f in (*jammed, bobs)])
-        changes = {f.body["diff_sha256"] for f in jammed}
-        peers = {alice.peer_id, bob.peer_id, jammer.peer_id}
-        own = {c for c in changes if share_of(c, peers) == jammer.peer_id}
-        assert own and own != changes  # some of its share, some not: the test tells them apart
-        context = context_from_ledger(book, BASELINE, "test", me=alice.peer_id,
-                                      heard={bob.peer_id})  # fmt: skip
-        assert context.tried_hashes == own | {bobs.body["diff_sha256"]}
-        assert len(context.history) == 13  # every run is evidence
-        everyone = context_from_ledger(book, BASELINE, "test", me=alice.peer_id)
-        assert everyone.tried_hashes == changes | {bobs.body["diff_sha256"]}
-
-
 def test_offline_proposer_skips_changes_in_the_history_of_peers():
     first = OfflineProposer(5).propose(Context(BASELINE))
     seen = Attempt(

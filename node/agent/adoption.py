@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from node import consensus
+from node.agent import offline
 from node.agent.errors import PatchError
 from node.agent.patch import change_hash, check_source, merge
-from node.agent.proposers import Context, Proposal, Proposer, share_rank
+from node.agent.proposers import Context, Proposal, Proposer
 from node.evidence import Judgement, claimed_gain
 from node.ledger import Ledger
 from node.merges import BUNDLE_PREFIX, MERGE_PREFIX
@@ -308,7 +309,7 @@ class QueuedProposer:
 
     A `shared` proposal (a merge of verified wins, which every node on the head queues alike)
     is a few nodes' to run, not every node's: the active peers are ranked by the hash of each
-    one's id and the change's (`proposers.share_of`'s order); the first SHARED_AT_ONCE take it
+    one's id and the change's (`offline.share_of`'s order); the first SHARED_AT_ONCE take it
     at once (two, so that one busy elsewhere delays it little), and one more in rank for each
     proposal this node made with it still untried (the peers before it went quiet, or build on
     another head). A node's own keeps rebased onto the head are its own, verified or not."""
@@ -389,7 +390,7 @@ def _my_turn(key: str, peers: list[str], me: str | None, passed: int) -> bool:
     proposals: its rank among `peers` is within the ones whose turn has come."""
     if not peers or me is None:
         return True
-    ranked = sorted(peers, key=lambda p: share_rank(p, key), reverse=True)
+    ranked = sorted(peers, key=lambda p: offline.share_rank(p, key), reverse=True)
     return ranked.index(me) < SHARED_AT_ONCE + passed
 
 

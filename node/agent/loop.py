@@ -15,7 +15,7 @@ import hashlib
 import json
 import statistics
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,7 +103,6 @@ def research_step(
     check: Check | None = policy_check, on_event: Callable[[dict], None] = lambda _: None,
     run: Callable[..., RunResult] = run_experiment, crew: Crew | None = None,
     margin: Callable[[int], float] | None = None, one_seed: Callable[[], bool] = lambda: False,
-    heard: Collection[str] | None = None,
 ) -> Step:  # fmt: skip
     """Propose a change of `head`, check it, and run it paired with the head: on `seeds[0]`, and
     on `seeds[1]` too when the first pair looks like a win (or while `calibrating`, when the
@@ -116,19 +115,11 @@ def research_step(
     standard deviation of one paired difference; `margin(runs)` replaces it), and publish a signed
     result of the pairs. With a `crew`, a change that another worker of the node has in hand is
     refused. A proposal `one_seed()` is true for, asked once it is made, runs on `seeds[0]`
-    alone (a merge of wins the swarm verified: its committee judges it). `heard`: the peers
-    whose own word (a discard, a claim nobody looked at) the proposer reads (None: every
-    peer's; `context_from_ledger`)."""
+    alone (a merge of wins the swarm verified: its committee judges it)."""
     if margin is None:
         margin = functools.partial(margins.margin_for, sigma)
     context = context_from_ledger(
-        ledger,
-        head.source,
-        profile.name,
-        program,
-        me=me.peer_id,
-        parent_val_bpb=head.val_bpb,
-        heard=heard,
+        ledger, head.source, profile.name, program, me=me.peer_id, parent_val_bpb=head.val_bpb
     )
     context = dataclasses.replace(context, sigma=sigma)
     if crew is not None:  # what the node's other workers are running now

@@ -29,7 +29,7 @@ from node.agent.catalogue import (
 )
 from node.agent.errors import PatchError, ProposalRefused
 from node.agent.patch import change_hash, check_source
-from node.agent.proposers import Attempt, Context, Proposal, share_of
+from node.agent.proposers import Attempt, Context, Proposal
 
 
 @functools.lru_cache(maxsize=4096)
@@ -150,6 +150,18 @@ def _pooled(looks: list[tuple[float, float]]) -> tuple[float, float]:
     """The inverse-variance mean of measurements (value, variance) and its standard error."""
     weight = sum(1 / var for _, var in looks)
     return sum(v / var for v, var in looks) / weight, weight**-0.5
+
+
+def share_of(change: str, peers: frozenset[str] | set[str]) -> str | None:
+    """The peer whose share a change is: the one of `peers` that ranks it first by sha256 of
+    its id and the change's hash (rendezvous hashing). Every node computes the same from the same
+    peers, so nobody assigns work; when that peer goes quiet, the change is the next one's."""
+    return max(peers, key=lambda p: share_rank(p, change), default=None)
+
+
+def share_rank(peer: str, change: str) -> bytes:
+    """A peer's rank for a change: the higher, the sooner the change is its to try."""
+    return hashlib.sha256(f"{peer}:{change}".encode()).digest()
 
 
 class OfflineProposer:

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
-
     from node.ledger import Ledger
 
 ACTIVE_MS = 3_600_000  # a peer that published a result in the last hour researches: it has a share
@@ -39,9 +37,6 @@ class Attempt:
     # a peer's result this node looked at (verified, re-scored): child minus parent on each seed
     # of this node's looks, numbers it can trust as its own
     looked: tuple[float, ...] = ()
-    # whether its run counts as the change tried on the parent (`context_from_ledger`'s `heard`);
-    # its numbers are evidence either way
-    closes: bool = True
 
 
 @dataclass(frozen=True)
@@ -79,7 +74,7 @@ class Context:
 
     @property
     def tried_hashes(self) -> frozenset[str]:
-        return self.tried | {a.diff_hash for a in self.history if a.closes}
+        return self.tried | {a.diff_hash for a in self.history}
 
 
 @dataclass(frozen=True)
@@ -96,18 +91,6 @@ class Proposer(Protocol):
     kind: str  # what it is, for a person: "learning", "fixed", "model NAME"
 
     def propose(self, context: Context) -> Proposal: ...
-
-
-def share_of(change: str, peers: Collection[str]) -> str | None:
-    """The peer whose share a change is: the one of `peers` that ranks it first by sha256 of
-    its id and the change's hash (rendezvous hashing). Every node computes the same from the same
-    peers, so nobody assigns work; when that peer goes quiet, the change is the next one's."""
-    return max(peers, key=lambda p: share_rank(p, change), default=None)
-
-
-def share_rank(peer: str, change: str) -> bytes:
-    """A peer's rank for a change: the higher, the sooner the change is its to try."""
-    return hashlib.sha256(f"{peer}:{change}".encode()).digest()
 
 
 def _paired(result: dict) -> tuple[float, ...]:
@@ -141,33 +124,14 @@ def _judgement(row: dict) -> tuple[str, float | None, float | None] | None:
 
 def context_from_ledger(
     ledger: Ledger, train_py: str, profile: str, program: str = "", me: str | None = None,
-    parent_val_bpb: float | None = None, limit: int = 500, heard: Collection[str] | None = None,
+    parent_val_bpb: float | None = None, limit: int = 500,
 ) -> Context:  # fmt: skip
     """A Context for `train_py` from the ledger's results on it (this node's and peers').
 
     Deltas are against `parent_val_bpb`, else the best kept val_bpb the ledger holds for the
     parent. The published diff is the normalised one, so its sha256 is the change's hash.
-    `heard`: the peers whose word closes a change (None: every peer's). Another peer's run
-    counts as the change tried on the parent (`Attempt.closes`) only where looks at it stand
-    behind it (a claim others looked at), or where its change is that peer's share
-    (`share_of`, among the peers researching lately); its numbers are evidence either way. A
-    discard, or a claim nobody looked at yet, is its author's word alone: one key that signed
-    a discard of every change would otherwise close them all to every node; it can keep its
-    own share from the others, as a node that does nothing can.
     """
     parent = hashlib.sha256(train_py.encode()).hexdigest()
-    active = frozenset(
-        r["author"] for r in ledger.rows(
-            "SELECT DISTINCT author FROM results WHERE profile = ? AND time >= ?",
-            (profile, ledger.clock() - ACTIVE_MS),
-        )
-    ) | ({me} if me else set())  # fmt: skip
-
-    def closes(row: dict) -> bool:
-        author = row["author"]
-        return (heard is None or author == me or author in heard or bool(row.get("judged_seeds"))
-                or share_of(row["diff_sha256"], active) == author)  # fmt: skip
-
     rows = ledger.rows(
         f"SELECT r.id, r.val_bpb, {_attempts_from(ledger)} "
         "WHERE r.parent = ? AND r.profile = ? ORDER BY r.time DESC, r.id",
@@ -188,11 +152,11 @@ def context_from_ledger(
             delta=None if r["val_bpb"] is None or parent_val_bpb is None
             else r["val_bpb"] - parent_val_bpb,
             by="this node" if r["author"] == me else r["author"], paired=_paired(r),
-            judged=_judgement(r), looked=looked.get(r["id"], ()), closes=closes(r),
+            judged=_judgement(r), looked=looked.get(r["id"], ()),
         )
         for r in rows[:limit]
     )  # fmt: skip
-    tried = frozenset(r["diff_sha256"] for r in rows if closes(r))
+    tried = frozenset(r["diff_sha256"] for r in rows)
     marks = ", ".join("?" * len(versions))
     earlier = tuple(
         Attempt(r["description"], r["outcome"], None, r["diff_sha256"], r["author"], paired,
@@ -204,6 +168,12 @@ def context_from_ledger(
             (*versions, profile),
         ) if (paired := _paired(r))
     )  # fmt: skip
+    active = frozenset(
+        r["author"] for r in ledger.rows(
+            "SELECT DISTINCT author FROM results WHERE profile = ? AND time >= ?",
+            (profile, ledger.clock() - ACTIVE_MS),
+        )
+    ) | ({me} if me else set())  # fmt: skip
     return Context(train_py, program, profile, history, tried, lineage, refuted, me, active,
                    earlier)  # fmt: skip
 

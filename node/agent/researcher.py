@@ -28,7 +28,7 @@ from node.agent.verifier import VERIFY_RUN, Verified, ledger_claims_to_verify, v
 from node.identity import Identity
 from node.ledger import Ledger
 from node.ledger_queries import LOOK_COLUMNS
-from node.standing import heard, ledger_standing, silenced
+from node.standing import ledger_standing, silenced
 from node.trainer import Profile, RunResult, TokenData, harness_sha256, run_experiment
 from node.trainer.compile_cache import CompileCache
 
@@ -575,7 +575,6 @@ class Researcher:
             calibrating=self.calibrate and self.sigma_df < CALIBRATION_DF, program=self.program,
             check=self.check, one_seed=lambda: self.proposer.last_verified,
             on_event=self.now.event, run=self._run, crew=self.crew, margin=self._margin,
-            heard=heard(ledger_standing(self.ledger)),
         )  # fmt: skip
 
     def _margin(self, runs: int) -> float:
