@@ -277,8 +277,9 @@ class OfflineProposer:
 class FixedList(OfflineProposer):
     """The offline proposer without what it learns: its catalogue in its seeded order, single
     changes first, blind to the swarm's evidence and to its peers' shares. It still skips what
-    was tried on the parent, until it has tried everything else. A control to measure the learning proposer against
-    (`swarm join --proposer fixed`, `scripts/simulate.py --proposer fixed`)."""
+    was tried on the parent, until it has tried everything else. A control to measure the
+    learning proposer against (`swarm join --proposer fixed`, `scripts/simulate.py --proposer
+    fixed`)."""
 
     kind = "fixed"
 
