@@ -115,6 +115,27 @@ def test_a_framers_false_replay_of_every_honest_claim_sinks_none_of_them():
         sim.close()
 
 
+@pytest.mark.slow
+def test_a_jammers_discard_of_every_change_leaves_the_honest_nodes_researching():
+    """One key that runs nothing signs a discard of every change the offline proposer knows on
+    each head it sees, following the head; the honest nodes research on and reach the target
+    (jammers need the catalogue)."""
+    with pytest.raises(ValueError, match="catalogue"):
+        Simulation(Settings(nodes=4, jammers=1))
+    sim = Simulation(Settings(nodes=6, seed=1, hours=12.0, landscape="catalogue", jammers=1))
+    try:
+        summary = sim.run()
+        jammer = next(n for n in sim.nodes if n.role == "jammer")
+        jammed = [f for f in sim.store.facts if f.kind == "result" and f.peer_id == jammer.peer_id]
+        assert len(jammed) >= 400 and {f.body["outcome"] for f in jammed} == {"discard"}
+        assert len(jammer.jammed) >= 2  # the baseline and a head after it: it follows the head
+        honest = [f for f in sim.store.facts if f.kind == "result" and f.peer_id != jammer.peer_id]
+        assert len(honest) > 30
+        assert summary["hours_to_target"] is not None and summary["all_agree"], summary
+    finally:
+        sim.close()
+
+
 @pytest.mark.parametrize("membership", [False, True])
 @pytest.mark.slow
 def test_colluders_confirming_each_other_get_no_fake_into_the_final_lineage(membership):
