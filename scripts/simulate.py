@@ -92,7 +92,8 @@ def main() -> int:
         p.error("--jammers sign the offline proposer's changes: add --landscape catalogue")
     settings = Settings(
         nodes=args.nodes[0], hours=args.hours, quorum=args.quorum, liars=args.liars,
-        colluders=args.colluders, framers=args.framers, jammers=args.jammers, membership=args.membership, fast_hardware=args.fast_hardware,
+        colluders=args.colluders, framers=args.framers, jammers=args.jammers,
+        membership=args.membership, fast_hardware=args.fast_hardware,
         latency=args.latency, loss=args.loss, churn=args.churn, away_hours=args.away,
         partition=args.partition, target_gain=args.target_gain, verify_every=args.verify_every,
         landscape=args.landscape, proposer=args.proposer,

@@ -130,11 +130,11 @@ def test_the_ledgers_standing_counts_an_overclaim_that_waits_for_a_replay_as_the
 def test_an_overclaim_too_close_to_decide_silences_its_author_and_a_release_10_ledger_agrees(
     tmp_path, alice, bob, carol
 ):
-    """alice signs a gain of 0.08 that bob's and carol's looks measure at about nothing: too close
-    to zero to refute the change, ten standard errors below her word. The claim waits for a
-    replay of her seed and standing counts the overclaim at once, so that nobody here runs her
-    next claims first (release 10 held it plainly open and counted nothing: its ledger is
-    judged again when opened)."""
+    """alice signs a gain of 0.08 that bob's and carol's looks measure at about nothing: too
+    close to zero to refute the change, over ten standard errors below her word. The claim
+    waits for a replay of her seed and standing counts the overclaim at once, so that nobody
+    here runs her next claims first (release 10 held it plainly open and counted nothing: its
+    ledger is judged again when opened)."""
     body = wire.result_body(
         parent=BASELINE, child="1" * 64, diff=b"d", description="far more", profile="cpu",
         harness=HARNESS, seed=1, outcome="keep", metrics={"val_bpb": 1.42},

@@ -262,16 +262,16 @@ class SimNode:
         self.jammed.add(head)
         parent = (self.ledger.version(head) or self.sim.landscape.baseline.encode()).decode()
         for description, text in OfflineProposer(seed=self.index).candidates(parent, land.PROFILE):
-            seed, score = (
-                int(self.rng.integers(0, 2**31)),
-                float(self.rng.normal(1.0, land.SEED_SD)),
-            )
+            seed = int(self.rng.integers(0, 2**31))
+            parent_score = float(self.rng.normal(1.0, land.SEED_SD))
+            child_score = parent_score + land.PAIRED_SD
             body = wire.result_body(
                 parent=head, child=hashlib.sha256(text.encode()).hexdigest(),
                 diff=normalise_diff(make_diff(parent, text)).encode(), description=description,
                 profile=land.PROFILE.name, harness=HARNESS, seed=seed, outcome="discard",
-                metrics={"val_bpb": score + land.PAIRED_SD, "steps": 1000, "tokens": land.PROFILE.budget_tokens},
-                pairs=[(seed, score + land.PAIRED_SD, score)], device=self.device,
+                metrics={"val_bpb": child_score, "steps": 1000,
+                         "tokens": land.PROFILE.budget_tokens},
+                pairs=[(seed, child_score, parent_score)], device=self.device,
             )  # fmt: skip
             self._publish(self.ledger.publish(self.me, "result", body))
 

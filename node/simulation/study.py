@@ -21,11 +21,13 @@ LONE_HOURS = 1000.0  # virtual hours a lone node researches at most
 BOOTSTRAP = 2000  # resamples of the seeds behind each interval
 # The comparisons each seed runs: (name, how its settings differ from the swarm's)
 BASELINES = {
-    "trusting": dict(rule="trusting", liars=0, colluders=0.0, framers=0, jammers=0, membership=False),
+    "trusting": dict(rule="trusting", liars=0, colluders=0.0, framers=0, jammers=0,
+                     membership=False),
     "lone_swarm_rule": dict(nodes=1, rule="swarm", liars=0, colluders=0.0, framers=0, jammers=0,
                             hours=LONE_HOURS, fast_hardware=0.0, churn=0.0, partition=None),
-    "lone_keep_if_lower": dict(nodes=1, rule="keep-if-lower", liars=0, colluders=0.0, framers=0, jammers=0,
-                               hours=LONE_HOURS, fast_hardware=0.0, churn=0.0, partition=None),
+    "lone_keep_if_lower": dict(nodes=1, rule="keep-if-lower", liars=0, colluders=0.0, framers=0,
+                               jammers=0, hours=LONE_HOURS, fast_hardware=0.0, churn=0.0,
+                               partition=None),
 }  # fmt: skip
 
 

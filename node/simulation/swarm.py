@@ -49,8 +49,8 @@ class Settings:
     share of nodes that confirm each other's claims without running them and refute honest
     ones; `framers`: nodes that run nothing and sign a false replay (misreported) of every
     honest claim; `jammers`: nodes that run nothing and sign a discard of every change the
-    offline proposer knows on each head they see (the catalogue landscape); `membership`: the campaign lists its members, so each claim's committee is drawn
-    from them; `fast_hardware`: the share of nodes on a device class that runs faster and
+    offline proposer knows on each head they see (the catalogue landscape); `membership`: the
+    campaign lists its members, so each claim's committee is drawn from them; `fast_hardware`: the share of nodes on a device class that runs faster and
     reads lower (`nodes.FAST_SPEED`, `nodes.FAST_OFFSET`). `churn`: leaves per node per hour
     (exponential), each for an exponential `away_hours`; `partition`: (start, end) in hours,
     the even and odd nodes cut apart."""
