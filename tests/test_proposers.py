@@ -13,7 +13,7 @@ import pytest
 
 from node.agent.errors import ModelError, ProposalRefused, SpendingLimitReached
 from node.agent.llm import LLMProposer, build_messages, extract_change, rules_text
-from node.agent.offline import OfflineProposer
+from node.agent.offline import OfflineProposer, unread_constants
 from node.agent.patch import apply_diff, change_hash, make_diff
 from node.agent.proposers import Attempt, Context, Proposal
 from node.trainer import BASELINE_TRAIN_PY, policy
@@ -129,9 +129,10 @@ def test_offline_proposer_steps_no_constant_a_run_scored_exactly_as_its_parent()
     assert not any("LOSS_CHUNKS" in d for d in after)
     assert any("HEAD_LR" in d for d in after)
     peers = dataclasses.replace(unseen, by="12D3KooWpeer")
-    assert any("LOSS_CHUNKS" in d for d in proposals((peers, moved)))  # its word alone
+    assert unread_constants(Context(BASELINE, history=(unseen,))) == {"LOSS_CHUNKS"}
+    assert unread_constants(Context(BASELINE, history=(peers,))) == set()  # its word alone
     looked = dataclasses.replace(peers, looked=(0.0,))  # this node's own look agrees
-    assert not any("LOSS_CHUNKS" in d for d in proposals((looked, moved)))
+    assert unread_constants(Context(BASELINE, history=(looked,))) == {"LOSS_CHUNKS"}
 
 
 def test_offline_proposer_steps_the_model_size_of_its_own_profile_only():
