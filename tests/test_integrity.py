@@ -76,16 +76,21 @@ CHEATS = {
 }  # fmt: skip
 
 
-def run(tmp_path, data, source: str, speed: float | None = None):
+def run(tmp_path, data, source: str, speed: float | None = None, profile=PROFILE):
     script = tmp_path / "train.py"
     script.write_text(source)
-    return run_experiment(script, PROFILE, data, tmp_path / "run", sandbox=True, speed=speed)
+    return run_experiment(script, profile, data, tmp_path / "run", sandbox=True, speed=speed)
+
+
+# For what the scorer or the envelope refuses whatever the training did: 8 batches, 3 of them
+# warm-up, a quarter of the profile's tokens.
+SHORT = dataclasses.replace(PROFILE, budget_tokens=2**14)
 
 
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_a_model_that_looks_ahead_or_across_rows_is_void(name, tmp_path, small_data):
     scoring, says = CHEATS[name]
-    result = run(tmp_path, small_data, scored_differently(scoring))
+    result = run(tmp_path, small_data, scored_differently(scoring), profile=SHORT)
     assert result.outcome == "void", (result.outcome, result.error, result.log_tail[-1500:])
     assert result.val_bpb is None
     assert result.error.startswith("refused by the harness: the model " + says), result.error
@@ -170,7 +175,7 @@ def test_a_model_beyond_the_envelope_is_void(tmp_path, small_data):
     would buy compute the budget does not count."""
     source = BASELINE.replace('"test": (2, 64, 32, 16, 1)', '"test": (4, 128, 32, 16, 1)')
     assert source != BASELINE
-    result = run(tmp_path, small_data, source)
+    result = run(tmp_path, small_data, source, profile=SHORT)
     assert result.outcome == "void", (result.outcome, result.error)
     assert "envelope" in result.error and "make the model smaller" in result.error
 
