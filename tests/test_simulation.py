@@ -225,6 +225,23 @@ def test_a_merge_or_a_bundle_in_a_lineage_counts_for_the_authors_of_the_changes_
         sim.close()
 
 
+def test_a_change_is_found_by_the_first_node_that_kept_it_alone_not_by_a_first_run_that_lost():
+    """On the catalogue, where every node runs the same named changes: the credit for a change
+    (a combination's part) goes to the first keep of it alone; a first run that lost found
+    nothing."""
+    sim, _ = _run(nodes=6, seed=1, hours=1.5, landscape="catalogue", stop_at_target=False)
+    first_run, first_keep = {}, {}
+    for fact in sim.store.facts:  # in the order they were made
+        single = fact.kind == "result" and fact.body["description"]
+        if single and "; " not in single:
+            first_run.setdefault(single, fact.peer_id)
+            if fact.body["outcome"] == "keep":
+                first_keep.setdefault(single, fact.peer_id)
+    taken = [d for d, who in first_keep.items() if first_run[d] != who]
+    assert taken, "no change was run first by one node and kept first by another"
+    assert sim.found_by == {d: first_keep.get(d, who) for d, who in first_run.items()}
+
+
 def test_the_catalogue_landscape_is_calibrated_and_reads_real_train_py_texts():
     """The landscape over the real catalogue: about 17% of its single changes of the baseline
     improve it, mostly by 0.15 to 0.45 seed sds, and a version's coordinates are what the

@@ -39,10 +39,10 @@ def origins(made_by: Mapping[str, dict], result: dict, seen: frozenset = frozens
 
 def finders(made_by: Mapping[str, dict], found_by: Mapping[str, str], result: dict) -> list[str]:
     """Who found each change `result` carries (`origins`): its author, but for a combination
-    of single changes ("A; B; ..."), each to the node that first measured it alone
-    (`found_by`: description -> peer id), or to the combination's author if nobody did. A
-    description cut at its last part ("...; HEAD_LR 0.0…": a fact holds 200 characters) names
-    that part by its beginning."""
+    of single changes ("A; B; ..."), each to the node that first kept it alone, else to the
+    first that measured it alone (`found_by`: description -> peer id), or to the combination's
+    author if nobody did. A description cut at its last part ("...; HEAD_LR 0.0…": a fact
+    holds 200 characters) names that part by its beginning."""
     out = []
     for origin in origins(made_by, result):
         parts = origin["description"].split("; ")

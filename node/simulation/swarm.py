@@ -137,7 +137,10 @@ class Simulation:
         self.sources: dict[str, bytes] = {self.baseline: self.landscape.baseline.encode()}
         # version -> the kept result that made it: the first honest one, else the first
         self.made_by: dict[str, dict] = {}
-        self.found_by: dict[str, str] = {}  # a single change's description: who measured it first
+        # a single change's description: who first kept it alone (found it a win), else who
+        # first measured it alone
+        self.found_by: dict[str, str] = {}
+        self.kept_alone: set[str] = set()  # the descriptions found_by holds a keep for
         self.head_bytes = head_size(s.nodes)
         self.authors_per_bin = [0] * wire.HEAD_BINS
         for n in self.nodes:
@@ -174,9 +177,16 @@ class Simulation:
                 version = fact.body[role]
                 if version not in self.sources:
                     self.sources[version] = node.ledger.version(version) or b""
-            # who first measured each single change: a combination's parts are theirs
-            if "; " not in fact.body["description"] and node.role != "jammer":  # it ran none
-                self.found_by.setdefault(fact.body["description"], fact.peer_id)
+            # who found each single change: a combination's parts are theirs. A first run that
+            # lost (a discard on an unlucky seed, or on another parent) found nothing: the first
+            # keep of the change alone takes the credit from it.
+            single = fact.body["description"]
+            if "; " not in single and node.role != "jammer":  # a jammer ran none
+                kept = fact.body["outcome"] == "keep"
+                if single not in self.found_by or (kept and single not in self.kept_alone):
+                    self.found_by[single] = fact.peer_id
+                if kept:
+                    self.kept_alone.add(single)
             if fact.body["outcome"] == "keep":
                 child, made = (
                     fact.body["child"],
