@@ -82,8 +82,8 @@ def run(tmp_path, data, source: str, speed: float | None = None, profile=PROFILE
     return run_experiment(script, profile, data, tmp_path / "run", sandbox=True, speed=speed)
 
 
-# For what the scorer or the envelope refuses whatever the training did: 8 batches, 3 of them
-# warm-up, a quarter of the profile's tokens.
+# For what the scorer or the envelope refuses whatever the training did: a quarter of the
+# profile's tokens (16 batches after the 3 of warm-up).
 SHORT = dataclasses.replace(PROFILE, budget_tokens=2**14)
 
 
