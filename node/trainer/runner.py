@@ -289,17 +289,9 @@ def _run_experiment(
     )
     scoring = Scoring(run, data, seed, rows, batch_size)
 
-    # The scorer starts early so that its start-up (three seconds of one core on a CPU, imports
-    # mostly) overlaps other work: on a GPU while training runs (torch.compile's workers take the
-    # CPU cores at start-up); on a CPU whose profile trains on fewer threads than it has cores,
-    # as the training process starts (the work bound reads the training's own CPU time, which
-    # another process leaves as it is); on a CPU trained on all its cores, once training is over.
-    if profile.device == "cuda":
-        prestart = "train_start"
-    elif 0 < profile.threads < (os.cpu_count() or 1):
-        prestart = "started"
-    else:
-        prestart = "eval_start"
+    # The scorer starts early so that its start-up overlaps other work: on a GPU while training
+    # runs (its imports use CPU cores the training leaves idle), on a CPU once training is over.
+    prestart = "train_start" if profile.device == "cuda" else "eval_start"
     went: list[float] = []  # when the held run was told to go
     ended, pipe_lock = threading.Event(), threading.Lock()  # the training process has ended
 
