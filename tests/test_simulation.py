@@ -225,21 +225,27 @@ def test_a_merge_or_a_bundle_in_a_lineage_counts_for_the_authors_of_the_changes_
         sim.close()
 
 
+@pytest.mark.slow
 def test_a_change_is_found_by_the_first_node_that_kept_it_alone_not_by_a_first_run_that_lost():
     """On the catalogue, where every node runs the same named changes: the credit for a change
     (a combination's part) goes to the first keep of it alone; a first run that lost found
-    nothing."""
-    sim, _ = _run(nodes=6, seed=1, hours=1.5, landscape="catalogue", stop_at_target=False)
-    first_run, first_keep = {}, {}
-    for fact in sim.store.facts:  # in the order they were made
-        single = fact.kind == "result" and fact.body["description"]
-        if single and "; " not in single:
-            first_run.setdefault(single, fact.peer_id)
-            if fact.body["outcome"] == "keep":
-                first_keep.setdefault(single, fact.peer_id)
-    taken = [d for d, who in first_keep.items() if first_run[d] != who]
+    nothing. Seeds in turn until one shows a change run first by one node and kept first by
+    another (facts' ids, and so the runs, move with the harness's hash)."""
+    taken = []
+    for seed in range(6):
+        sim, _ = _run(nodes=6, seed=seed, hours=2.0, landscape="catalogue", stop_at_target=False)
+        first_run, first_keep = {}, {}
+        for fact in sim.store.facts:  # in the order they were made
+            single = fact.kind == "result" and fact.body["description"]
+            if single and "; " not in single:
+                first_run.setdefault(single, fact.peer_id)
+                if fact.body["outcome"] == "keep":
+                    first_keep.setdefault(single, fact.peer_id)
+        assert sim.found_by == {d: first_keep.get(d, who) for d, who in first_run.items()}
+        taken = [d for d, who in first_keep.items() if first_run[d] != who]
+        if taken:
+            break
     assert taken, "no change was run first by one node and kept first by another"
-    assert sim.found_by == {d: first_keep.get(d, who) for d, who in first_run.items()}
 
 
 def test_the_catalogue_landscape_is_calibrated_and_reads_real_train_py_texts():
