@@ -137,10 +137,9 @@ class Simulation:
         self.sources: dict[str, bytes] = {self.baseline: self.landscape.baseline.encode()}
         # version -> the kept result that made it: the first honest one, else the first
         self.made_by: dict[str, dict] = {}
-        # a single change's description: who first kept it alone (found it a win), else who
-        # first measured it alone
-        self.found_by: dict[str, str] = {}
-        self.kept_alone: set[str] = set()  # the descriptions found_by holds a keep for
+        # a single change's description: who first ran it alone, who first kept it alone
+        self.first_run: dict[str, str] = {}
+        self.first_keep: dict[str, str] = {}
         self.head_bytes = head_size(s.nodes)
         self.authors_per_bin = [0] * wire.HEAD_BINS
         for n in self.nodes:
@@ -177,16 +176,12 @@ class Simulation:
                 version = fact.body[role]
                 if version not in self.sources:
                     self.sources[version] = node.ledger.version(version) or b""
-            # who found each single change: a combination's parts are theirs. A first run that
-            # lost (a discard on an unlucky seed, or on another parent) found nothing: the first
-            # keep of the change alone takes the credit from it.
+            # who found each single change (`found_by`): a combination's parts are theirs
             single = fact.body["description"]
             if "; " not in single and node.role != "jammer":  # a jammer ran none
-                kept = fact.body["outcome"] == "keep"
-                if single not in self.found_by or (kept and single not in self.kept_alone):
-                    self.found_by[single] = fact.peer_id
-                if kept:
-                    self.kept_alone.add(single)
+                self.first_run.setdefault(single, fact.peer_id)
+                if fact.body["outcome"] == "keep":
+                    self.first_keep.setdefault(single, fact.peer_id)
             if fact.body["outcome"] == "keep":
                 child, made = (
                     fact.body["child"],
@@ -403,6 +398,13 @@ class Simulation:
             )
             self._standings = (key, (scores, {r["id"]: r for r in results}))
         return self._standings[1]
+
+    @property
+    def found_by(self) -> dict[str, str]:
+        """A single change's description: who first kept it alone, else who first ran it alone.
+        A first run that lost (a discard on an unlucky seed, or on another parent) found
+        nothing."""
+        return {**self.first_run, **self.first_keep}
 
     def final_head(self) -> str:
         return consensus.head_of(self.standings()[0])
