@@ -113,6 +113,7 @@ class SimNode:
         self.ledger.add_version(sim.landscape.baseline.encode())
         self.rejected = 0
         self.token = 0  # bumped when the node leaves: a pending resume of the old life is void
+        self.idle = 0  # its steps in a row that ran nothing (`Simulation._resume`)
         self.proposer = sim.landscape.proposer(self.rng, f"{s.seed}:{index}", s.proposer == "fixed")
         kind = {"keep-if-lower": KeepIfLower, "trusting": Trusting}.get(s.rule, Researcher)
         work = Path(sim.work_dir) / f"node{index}"

@@ -33,6 +33,11 @@ EPOCH_MS = 1_800_000_000_000  # virtual second 0, as a fact's time in ms (fixed:
 SYNC_FRAME = 256  # facts per sync frame (docs/gossip.md)
 ENTRY_BYTES = 39  # one author's entry in a sync request: a 32-byte key and a seq, in msgpack
 IDLE_SECONDS = 30.0  # a step that ran nothing (nothing to propose): the agent's turn
+# Each further step in a row that ran nothing, with no news between, waits twice as long, up to
+# 2 ** IDLE_DOUBLINGS turns; news wakes the node at once. A real node tries every turn, but with
+# no news its ledger is the same and so is its choice but for the clock's own draws (one more
+# replayer an hour): a swarm with nothing left to try would spin the simulator for hours.
+IDLE_DOUBLINGS = 6
 STUCK_HOURS = 24.0  # research ends after this long without a new fact: nobody has an idea left
 RULES = ("swarm", "trusting", "keep-if-lower")
 LANDSCAPES = {"ideas": land.Landscape, "catalogue": CatalogueLandscape}
@@ -216,33 +221,43 @@ class Simulation:
         self._order += 1
         heapq.heappush(self._heap, (at, self._order, kind, node, payload))
 
-    def _pull(self, i: int) -> None:
+    def _pull(self, i: int) -> int:
+        """Deliver what reached node `i` by now; the count of facts new to it."""
         arrived = self.net.arrived(i, self.now)
-        if arrived:
-            self.net.received[i] += len(arrived)
-            self.net.received_bytes[i] += sum(self.store.sizes[k] for k in arrived)
-            self._deliver(i, arrived)
+        if not arrived:
+            return 0
+        self.net.received[i] += len(arrived)
+        self.net.received_bytes[i] += sum(self.store.sizes[k] for k in arrived)
+        return self._deliver(i, arrived)
 
-    def _deliver(self, i: int, indices: list[int]) -> None:
+    def _deliver(self, i: int, indices: list[int]) -> int:
         new = [k for k in indices if not self.store.held[i, k]]
         if not new:
-            return
+            return 0
         self.store.held[i, new] = True
+        node = self.nodes[i]
+        if node.idle > 1 and self.net.online[i]:  # asleep for longer than a turn: news wakes it
+            node.idle, node.token = 0, node.token + 1
+            self._push(self.now, "resume", i, node.token)
         facts = [self.store.facts[k] for k in new]
         versions = {
             f.body[role] for f in facts if f.kind == "result" for role in ("parent", "child")
         }
         self.nodes[i].receive([f.raw for f in facts], [self.sources[v] for v in versions
                                                        if self.sources.get(v)])  # fmt: skip
+        return len(new)
 
     def _resume(self, i: int, token: int) -> None:
         node = self.nodes[i]
         if token != node.token or not self.net.online[i]:
             return
-        self._pull(i)
+        idle, node.idle = node.idle, 0  # awake: news now does not wake it again
+        news = self._pull(i)
         node.act()
         self._observe(node)
-        self._push(max(self.clock, self.now + IDLE_SECONDS), "resume", i, token)
+        node.idle = 0 if self.clock > self.now or news else idle + 1  # it ran nothing
+        turns = 2 ** min(max(node.idle - 1, 0), IDLE_DOUBLINGS)
+        self._push(max(self.clock, self.now + IDLE_SECONDS * turns), "resume", i, token)
 
     def _observe(self, node: SimNode) -> None:
         """What an honest node's step showed: the head it adopted (at the step's start) and its
@@ -302,6 +317,7 @@ class Simulation:
         self.net.online[i] = False
         self.net.drop_inbox(i)
         node.token += 1  # the step in flight ends with no result
+        node.idle = 0  # it steps when it joins again
         self._push(self.now + self.rng.exponential(self.settings.away_hours * 3600), "join", i)
 
     def _join(self, i: int) -> None:
