@@ -184,6 +184,16 @@ def _schema_11(db: sqlite_utils.Database) -> None:
     del db
 
 
+def _schema_12(db: sqlite_utils.Database) -> None:
+    """Release 12: the replays of results' seeds are found without reading every verification:
+    a replay of a discard that denies its signed score takes its author out of every proposer's
+    evidence (`node.agent.discards`), read at every research step."""
+    db.execute(
+        "CREATE INDEX verifications_replays ON verifications (result) "
+        "WHERE replay_val_bpb IS NOT NULL OR verdict = 'misreported'"
+    )
+
+
 # The release whose rule the kept judgements follow: `Ledger` judges the claims of a ledger of
 # an older release (3 on, which keep judgements) once when it opens it.
 JUDGED_BY = 11
@@ -201,4 +211,5 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _schema_9,
     _schema_10,
     _schema_11,
+    _schema_12,
 ]

@@ -219,9 +219,9 @@ class Events:
                     "SELECT id, description, child_scores, parent_scores FROM results "
                     "WHERE author = ? AND outcome = 'keep' ORDER BY time", (peer_id,))  # fmt: skip
                 verdicts = ledger.rows(
-                    "SELECT v.id, v.verdict, v.delta, r.author, r.description FROM verifications v "
-                    "JOIN results r ON r.id = v.result WHERE v.author = ? ORDER BY v.time",
-                    (peer_id,),
+                    "SELECT v.id, v.verdict, v.delta, r.author, r.description, r.outcome "
+                    "FROM verifications v JOIN results r ON r.id = v.result WHERE v.author = ? "
+                    "ORDER BY v.time", (peer_id,),
                 )  # fmt: skip
         except (LedgerError, OSError, sqlite3.Error):
             return []
@@ -237,9 +237,11 @@ class Events:
             if v["id"] not in self.seen:
                 self.seen.add(v["id"])
                 whose = "its own" if v["author"] == peer_id else f"{self._name(v['author'])}'s"
-                verb, delta = _VERB.get(v["verdict"], v["verdict"]), _signed(v["delta"])
-                lines.append(f"{node} {verb} {whose} {_quote(v['description'])} "
-                             f"({delta} bpb on its seed)")  # fmt: skip
+                claim = v["outcome"] == "keep"  # else a replay of a discard's seed (`discards`)
+                verb = _VERB.get(v["verdict"], v["verdict"]) if claim else "replayed"
+                seen = "the signed score" if v["verdict"] == "confirm" else "not the signed score"
+                what = f"({_signed(v['delta'])} bpb on its seed)" if claim else f"discard: {seen}"
+                lines.append(f"{node} {verb} {whose} {_quote(v['description'])} {what}")
         return lines
 
     def _about(self, node: str, version: str) -> str:
@@ -416,8 +418,7 @@ def head_lineage(
 def summary_lines(result: dict, command: str) -> list[str]:
     """The end of a local swarm in plain lines: whether the nodes agree, the head's lineage
     with each step's verified gain and who looked at it, each node's work and ledger, the runs
-    dropped at the stop, and the commands that look deeper. `command`: how this shell runs
-    `swarm`."""
+    dropped at the stop, and the commands that look deeper (`command`: how to run `swarm`)."""
     names = {n["peer_id"]: n["node"] for n in result["nodes"] if n.get("peer_id")}
 
     def name(peer_id: str) -> str:
@@ -480,8 +481,7 @@ def reset(root: Path) -> None:
 
 
 def status_table(rows: list[dict], left: float, recent: list[str] = ()):
-    """A rich view of the nodes' live state, and below it the latest claims, verdicts and
-    adoptions."""
+    """A rich view of the nodes' live state; below it, the latest claims, verdicts and adoptions."""
     from rich.console import Group
     from rich.table import Table
 

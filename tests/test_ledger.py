@@ -233,6 +233,7 @@ def test_a_ledger_of_an_older_release_gets_each_claims_ranking_head_when_opened(
             book.conn.execute("ALTER TABLE claims ADD COLUMN seats TEXT")
         if release == 5:
             book.conn.execute("DROP INDEX idx_verifications_author_result")
+        book.conn.execute("DROP INDEX verifications_replays")  # release 12's
         book.conn.execute(f"PRAGMA user_version = {release}")
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as now:
         claim = {**r1.body, "author": alice.peer_id}
@@ -367,6 +368,7 @@ def test_a_ledger_of_release_8_has_a_caught_authors_wins_judged_again_when_opene
         book.conn.execute("ALTER TABLE claims DROP COLUMN awaits_replay")
         book.conn.execute("DROP INDEX claims_misreported")
         book.conn.execute("ALTER TABLE claims DROP COLUMN misreported_by")
+        book.conn.execute("DROP INDEX verifications_replays")  # release 12's
         book.conn.execute("PRAGMA user_version = 8")
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as now:
         assert now.rows("SELECT state FROM claims WHERE id = ?", (r2.id,)) == [{"state": "open"}]
@@ -397,6 +399,7 @@ def test_one_framers_replay_makes_an_honest_win_wait_and_a_release_9_verdict_is_
             (f'["{bob.peer_id}"]', r1.id),
         )
         book.conn.execute("ALTER TABLE claims DROP COLUMN awaits_replay")
+        book.conn.execute("DROP INDEX verifications_replays")  # release 12's
         book.conn.execute("PRAGMA user_version = 9")
     with Ledger(tmp_path / "l.db", campaign=CAMPAIGN) as book:
         assert book.rows("SELECT state FROM claims WHERE id = ?", (r1.id,)) == [{"state": "open"}]

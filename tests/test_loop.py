@@ -306,7 +306,8 @@ def test_a_peers_discard_the_evidence_favours_runs_again_here_and_nowhere_it_ran
                  "total_seconds": 2.0},
         pairs=[(9, 2.988, 3.0)],  # 0.012 better: inside its margin, favoured by the evidence
     )  # fmt: skip
-    book.publish(bob, "result", body)  # as a peer's fact arrives
+    book.publish(bob, "result", body)  # as a peer's fact arrives, and its train.py with it
+    book.add_version(child.encode())
     head, scores = Head(BASELINE, 3.0), {1: 3.0, 2: 3.0}
     again = research_step(
         book, alice, OfflineProposer(0), head, SIGMA, FAST, None, tmp_path,

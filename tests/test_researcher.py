@@ -403,8 +403,8 @@ def test_a_node_ahead_on_a_claim_it_is_drawn_to_judge_looks_there_before_at_any_
         book.add_version(child.encode())
         book.ingest(make_result(FRANK, seq, sha(BASELINE), sha(child), 1.40, profile="test",
                                 harness=harness).raw)  # fmt: skip
-    flood = [c for c in worker._drawn(worker._open_claims(limit=10)) if c["id"] != claim]
-    assert flood and worker._drawn([worker._claim_row(claim)])  # it judges both
+    flood = [c for c in worker.draws.drawn(worker._open_claims(limit=10)) if c["id"] != claim]
+    assert flood and worker.draws.drawn([worker._claim_row(claim)])  # it judges both
     again = worker.step()
     assert isinstance(again, Verified) and again.fact.body["result"] == claim
     assert again.fact.body["seed"] == worker.seeds(2)[1]  # its second seed for the claim

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from node import wire
+from node.agent import discards
 from node.agent.researcher import Researcher
 from node.simulation import Settings, Simulation
 from node.simulation import landscape as land
@@ -118,8 +119,9 @@ def test_a_framers_false_replay_of_every_honest_claim_sinks_none_of_them():
 @pytest.mark.slow
 def test_a_jammers_discard_of_every_change_leaves_the_honest_nodes_researching():
     """One key that runs nothing signs a discard of every change the offline proposer knows on
-    each head it sees, following the head; the honest nodes research on and reach the target
-    (jammers need the catalogue)."""
+    each head it sees, following the head; a replay of one of them denies it, and every honest
+    node then leaves the jammer's results out of its proposer's evidence: they research on and
+    reach the target (jammers need the catalogue)."""
     with pytest.raises(ValueError, match="catalogue"):
         Simulation(Settings(nodes=4, jammers=1))
     sim = Simulation(Settings(nodes=6, seed=1, hours=12.0, landscape="catalogue", jammers=1))
@@ -132,6 +134,10 @@ def test_a_jammers_discard_of_every_change_leaves_the_honest_nodes_researching()
         honest = [f for f in sim.store.facts if f.kind == "result" and f.peer_id != jammer.peer_id]
         assert len(honest) > 30
         assert summary["hours_to_target"] is not None and summary["all_agree"], summary
+        assert all(discards.denied(n.ledger) == {jammer.peer_id} for n in sim.honest)
+        replays = [f for f in sim.store.facts if f.kind == "verification"
+                   and f.body["result"] in {j.id for j in jammed}]  # fmt: skip
+        assert "misreported" in {f.body["verdict"] for f in replays}
     finally:
         sim.close()
 

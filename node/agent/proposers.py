@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from node.agent import discards
+
 if TYPE_CHECKING:
     from node.ledger import Ledger
 
@@ -102,6 +104,11 @@ def _paired(result: dict) -> tuple[float, ...]:
         return ()
 
 
+# A result that is no claim counts where this node holds its child (the gossip layer fetches
+# every result's): one whose author never gave out its train.py nobody can replay.
+_CHECKABLE = "(r.outcome = 'keep' OR EXISTS (SELECT 1 FROM versions WHERE sha256 = r.child))"
+
+
 def _attempts_from(ledger: Ledger) -> str:
     """The columns of a result an Attempt reads, with its claim's judgement (none before the
     ledger kept judgements, schema 3), and the tables: `SELECT {this} WHERE ...`."""
@@ -129,14 +136,18 @@ def context_from_ledger(
     """A Context for `train_py` from the ledger's results on it (this node's and peers').
 
     Deltas are against `parent_val_bpb`, else the best kept val_bpb the ledger holds for the
-    parent. The published diff is the normalised one, so its sha256 is the change's hash.
+    parent. The published diff is the normalised one, so its sha256 is the change's hash. A
+    peer a replay caught signing a discard no run stands behind (`discards.denied`) is left
+    out: its results are no evidence, and it has no share of the proposals; so is a result
+    that is no claim whose train.py this node does not hold (nobody gave it out to replay).
     """
     parent = hashlib.sha256(train_py.encode()).hexdigest()
-    rows = ledger.rows(
+    gone = discards.denied(ledger)  # peers whose discards replays denied: no evidence
+    rows = [r for r in ledger.rows(
         f"SELECT r.id, r.val_bpb, {_attempts_from(ledger)} "
-        "WHERE r.parent = ? AND r.profile = ? ORDER BY r.time DESC, r.id",
+        f"WHERE r.parent = ? AND r.profile = ? AND {_CHECKABLE} ORDER BY r.time DESC, r.id",
         (parent, profile),
-    )
+    ) if r["author"] not in gone]  # fmt: skip
     if parent_val_bpb is None:
         best = ledger.rows(
             "SELECT MIN(val_bpb) AS v FROM results WHERE child = ? AND profile = ? "
@@ -163,17 +174,18 @@ def context_from_ledger(
                 _judgement(r), looked.get(r["id"], ()))
         for r in ledger.rows(
             f"SELECT r.id, {_attempts_from(ledger)} "
-            f"WHERE r.parent IN ({marks}) AND r.profile = ? ORDER BY r.time DESC, r.id "
+            f"WHERE r.parent IN ({marks}) AND r.profile = ? AND {_CHECKABLE} "
+            "ORDER BY r.time DESC, r.id "
             f"LIMIT {MAX_EARLIER}",
             (*versions, profile),
-        ) if (paired := _paired(r))
+        ) if (paired := _paired(r)) and r["author"] not in gone
     )  # fmt: skip
     active = frozenset(
         r["author"] for r in ledger.rows(
             "SELECT DISTINCT author FROM results WHERE profile = ? AND time >= ?",
             (profile, ledger.clock() - ACTIVE_MS),
         )
-    ) | ({me} if me else set())  # fmt: skip
+    ) - gone | ({me} if me else set())  # fmt: skip
     return Context(train_py, program, profile, history, tried, lineage, refuted, me, active,
                    earlier)  # fmt: skip
 

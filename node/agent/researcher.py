@@ -21,6 +21,7 @@ from node import committees, consensus, evidence, margins, noise, wire
 from node.agent import adoption, verifier
 from node.agent.crew import Crew
 from node.agent.doing import Doing
+from node.agent.draws import ACTIVE_MS, Draws
 from node.agent.errors import AgentError
 from node.agent.loop import Check, Head, Step, policy_check, record_run, research_step
 from node.agent.proposers import Proposal, Proposer
@@ -34,7 +35,6 @@ from node.trainer.compile_cache import CompileCache
 
 SPEED_RUNS = 20  # this node's latest runs behind its measured speed
 AUDIT_EVERY = 10  # every this many steps, one look at an older verified step of the head's lineage
-ACTIVE_MS = 3_600_000  # a peer that published in the last hour is active: it may be drawn to look
 # Until its noise estimate has this many degrees of freedom, a node alone (`calibrate`) runs every
 # experiment on two seeds: each such pair is one more degree of freedom (afterwards only apparent
 # wins are). A node in a swarm does not: its peers' looks teach it its noise (`_update_noise`).
@@ -76,6 +76,7 @@ class Researcher:
         self.baseline_source = baseline_source
         self.baseline = ledger.add_version(baseline_source.encode())
         self.harness = harness_sha256(profile)
+        self.draws = Draws(ledger, me.peer_id, profile, quorum, self.harness)
         self.margin: float | None = None  # the smallest single-pair gain this node believes
         self.sigma: float | None = None  # the standard deviation of one paired difference
         self.sigma_df = 0  # degrees of freedom behind it (0: the profile's prior alone)
@@ -330,7 +331,7 @@ class Researcher:
                                self.adopted, results, judged, worth):  # fmt: skip
                 r = adoption.first_ahead(results, self.head.sha256, self.adopted) or {}
                 j = judged.get(r.get("id"))
-                if j and self._drawn([r], rules, out) and verifier.may_look(
+                if j and self.draws.drawn([r], rules, out) and verifier.may_look(
                         self.ledger, self.me.peer_id, r, j, rules, self.adopted, out):  # fmt: skip
                     return self._look(r, "verify")
                 return
@@ -415,7 +416,7 @@ class Researcher:
             # a replay gives the author's numbers on its device class
             device = noise.device_of(self.ledger, self.profile.name)
             due = [r for r in steps if device and r.get("device") == device
-                   and self._replayer(r) and self._replays_due(r)]  # fmt: skip
+                   and self.draws.replayer(r) and self.draws.replays_due(r)]  # fmt: skip
             if due:
                 claim = min(due, key=lambda r: r["id"])
                 return self._look(claim, "audit", author_seed=True)
@@ -431,7 +432,7 @@ class Researcher:
         """The seed of another peer's look at `claim` to replay: a contested one, or (unless
         `contested_only`) one no replay corroborated, on the verdict's side while it rests on
         such looks (`consensus.unchecked_side`): the first of `evidence.seeds_to_replay`, or
-        (`drawn`) the first this node is drawn for (`_replayer`), one peer a seed, of a few at a
+        (`drawn`) the first this node is drawn for (`Draws.replayer`), one peer a seed, of a few at a
         time while every replay of the claim agreed (a committee's worth, +1 per ACTIVE_MS)."""
         looks = self.ledger.rows(
             f"SELECT {LOOK_COLUMNS} FROM verifications WHERE result = ?", (claim["id"],)
@@ -449,7 +450,7 @@ class Researcher:
             looks, self.me.peer_id, claim["author"], noise.device_of(self.ledger, self.profile.name),
             self.profile.replay_tolerance, not side, at_once=few,
         )  # fmt: skip
-        return next((seed for seed in seeds if not drawn or self._replayer(row, seed)), None)
+        return next((seed for seed in seeds if not drawn or self.draws.replayer(row, seed)), None)
 
     def _recheck(self) -> Verified | None:
         """A replay of a seed behind the refutation of a claim on the adopted head that its
@@ -469,6 +470,24 @@ class Researcher:
             if seed is not None:
                 return self._look(claim, "verify", seed)
         return None
+
+    def _replay_discard(self) -> Verified | None:
+        """A replay of a peer's discard on the adopted head that nobody checked there, when this
+        node is drawn for it (`discards`): one no run stands behind hides a win from all."""
+        pick = self.draws.discard(self.adopted)
+        if pick is None or not self.crew.take("verify", pick["id"]):
+            return None
+        self.now.set(f"audit discard {pick['id'][:12]} by {pick['author'][-6:]}",
+                     pick["description"])  # fmt: skip
+        try:
+            replayed = verifier.replay_discard(self.ledger, self.me, pick, self.profile,
+                                               self.data, self.work_dir, check=self.check,
+                                               run=self._run)  # fmt: skip
+        finally:
+            self.crew.drop("verify", pick["id"])
+        if replayed is not None:
+            self.publish(replayed.fact)
+        return replayed
 
     def _builds_on(self, version: str, ancestor: str) -> bool:
         return adoption.builds_on(self.ledger, self.profile.name, version, ancestor)
@@ -500,7 +519,7 @@ class Researcher:
         look at a claim it is about to research ahead from or is ahead from and judges
         (`_speculate`), else a look at a
         claim on the adopted head, on the one it researches ahead from or on the adopted head's
-        parent (a win beside it, to merge) this node was drawn to judge (`_drawn`), else
+        parent (a win beside it, to merge) this node was drawn to judge (`Draws.drawn`), else
         a replay it is drawn for at a step of the head's lineage (a look nobody replayed, or the
         author's seed), else every AUDIT_EVERY-th step an audit of the head's lineage,
         else a verification of a peer's claim (every `verify_every`-th step, when one is open),
@@ -528,7 +547,7 @@ class Researcher:
             made = claims and adoption.made_by(self.ledger, self.profile.name, self.adopted or "")
             near = {self.adopted, self.head.sha256} | ({made["parent"]} if made else set())
             on_head = [c for c in claims if c["parent"] in near]
-            for claim in self._drawn(on_head)[:1]:
+            for claim in self.draws.drawn(on_head)[:1]:
                 looked = self._look(claim, "verify")
                 if looked is not None:
                     return looked
@@ -542,6 +561,10 @@ class Researcher:
             audited = self._audit(replays_only=self.steps % AUDIT_EVERY != 0)
             if audited is not None:
                 return audited
+        if self.verify_every:  # a replay of a peer's discard on the head it is drawn for
+            replayed = self._replay_discard()
+            if replayed is not None:
+                return replayed
         if self.verify_every and self.steps % self.verify_every == 0:
             verified = self._verify_one()
             if verified is not None:
@@ -600,48 +623,6 @@ class Researcher:
             ]  # fmt: skip
         return claims[:limit]
 
-    def _drawn(self, claims: list, rules: consensus.Rules | None = None, out=None) -> list:
-        """The claims this node is drawn to judge at once (`committees`, from the members or
-        `_active`): nobody picks them, and they look in parallel at the next step. `rules`,
-        `out` (the contradicted peers): the ledger's, when the caller read them already."""
-        if not claims:
-            return claims
-        rules = rules or self.ledger.rules(self.profile.name, self.quorum)
-        if rules.members is not None:  # the committee, a contradicted member's seat made good
-            out = self.ledger.contradicted() if out is None else out
-            return [c for c in claims if self.me.peer_id in committees.panel(c, rules, out)]
-        active = self._active()  # one query for them all
-        return [c for c in claims if self.me.peer_id in committees.committee(
-            committees.look_draw(c, None), c["author"], active, rules.committee_size)]  # fmt: skip
-
-    def _replayer(self, claim: dict, seed: int | None = None) -> bool:
-        """Whether this node is drawn to replay a seed of `claim`, its author's (None) or that
-        of other peers' looks: the first of those drawn for the seed (`committees`, from the
-        members or `_active`, less the peers that reported it), and one more every ACTIVE_MS
-        since the claim was made, so that another steps in when that one left."""
-        rules = self.ledger.rules(self.profile.name, self.quorum)
-        waited = max(0, self.ledger.clock() - claim["time"]) // ACTIVE_MS
-        pool = rules.members_for(claim) or self._active()
-        key = committees.look_draw(claim, rules.members)
-        if seed is not None:
-            key = f"{key}:{seed}"
-            reported = self.ledger.rows(
-                "SELECT author FROM verifications WHERE result = ? AND seed = ?",
-                (claim["id"], seed),
-            )
-            pool = pool - {r["author"] for r in reported}
-        ranked = committees.committee(key, claim["author"], pool, rules.committee_size)
-        return self.me.peer_id in ranked[: 1 + waited]
-
-    def _active(self) -> frozenset[str]:
-        """Whom the lookers at a claim are drawn from in an open campaign (else the members):
-        the peers active in the last ACTIVE_MS and this one, so that a peer that left drops out
-        of the draw within that time and the next in rank takes its place."""
-        rows = self.ledger.rows(
-            "SELECT peer_id FROM peers WHERE last_seen >= ?", (self.ledger.clock() - ACTIVE_MS,)
-        )
-        return frozenset(r["peer_id"] for r in rows) | {self.me.peer_id}
-
     def _verify_one(self) -> Verified | None:
         busy = self.crew.in_hand("verify")  # claims another worker of this node is verifying
         for claim in [c for c in self._open_claims(limit=3 + len(busy)) if c["id"] not in busy][:3]:
@@ -661,23 +642,6 @@ class Researcher:
         rows = self.ledger.rows("SELECT * FROM results WHERE id = ?", (rid,))
         return rows[0] if rows else None
 
-    def _replays_due(self, claim: dict) -> bool:
-        """Whether the author's seed of `claim` should still be replayed: until one
-        peer's replay gave the signed score, with none differing; once replays differ, until as
-        many peers replayed as sit on a committee (`consensus.Rules.committee_size`), whose
-        majority then decides (`evidence.judge`). More replays of one seed tell nothing new."""
-        rules = self.ledger.rules(self.profile.name, self.quorum)
-        rows = self.ledger.rows(
-            "SELECT author, replay_val_bpb, verdict FROM verifications WHERE result = ? "
-            "AND (replay_val_bpb IS NOT NULL OR verdict = 'misreported')",
-            (claim["id"],),
-        )
-        signed = evidence.claimed_first_score(claim)
-        off = {r["author"] for r in rows if r["verdict"] == "misreported" or signed is None
-               or abs(r["replay_val_bpb"] - signed) > self.profile.replay_tolerance}  # fmt: skip
-        agree = {r["author"] for r in rows} - off
-        return not agree if not off else len(agree | off) < rules.committee_size
-
     def _look(
         self,
         claim: dict,
@@ -694,7 +658,7 @@ class Researcher:
         that a fake is out fast; an audit only when drawn for the seed: `_replay_seed`), and a
         verification on a contested seed: a look no run stands behind is then contradicted.
         `author_seed`: replay the author's first seed too (`verify_claim`), which the peer drawn
-        for it does in an audit (`_replays_due`), and a verification does when the claim awaits
+        for it does in an audit (`Draws.replays_due`), and a verification does when the claim awaits
         it (its author claimed a gain far above what its verifiers measured: `evidence.judge`).
         `replay`: the seed to replay, when the caller found it already; `find_replay` False:
         this node's own seed. None when another worker has it or it cannot run here."""
@@ -720,7 +684,7 @@ class Researcher:
             )
             rules = self.ledger.rules(self.profile.name, self.quorum)
             j = consensus.judge_claim(claim, rows, rules, suspects=self.ledger.suspects())
-            author_seed = j.awaits_replay and self._replays_due(claim)
+            author_seed = j.awaits_replay and self.draws.replays_due(claim)
         try:
             verified = verify_claim(
                 self.ledger, self.me, claim, self.margin, self.profile, self.data,

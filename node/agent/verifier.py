@@ -250,6 +250,43 @@ def verify_claim(
     return Verified(verdict, child_bpb, parent_bpb, fact, child_run, replay_run)
 
 
+def replay_discard(
+    ledger: Ledger, me: Identity, discard: Mapping[str, Any], profile: Profile, data: TokenData,
+    work_dir: Path, *, check: Check | None = policy_check, run: Run = run_experiment,
+) -> Verified | None:  # fmt: skip
+    """Replay a peer's discard (`node.agent.discards`): its child on the author's first seed
+    (or this node's earlier run of it there), and publish a `verification` of it with the
+    replayed score: "confirm" where it is the signed one within the profile's replay tolerance,
+    "misreported" where not. None, nothing published, where the child fails `check` (nobody
+    runs it, so its discard hides nothing), its run crashed, or a version is missing."""
+    pairs = claimed_pairs(discard)
+    source = ledger.version(discard["child"])
+    if not pairs or source is None:
+        return None
+    if check is not None:
+        try:
+            check(source.decode())
+        except AgentError:
+            return None
+    seed, signed, _ = pairs[0]
+    base = Path(work_dir) / f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{discard['id'][:12]}"
+    runs = _Runs(ledger, {"child": source.decode()}, discard, profile, data, base, run)
+    replayed, child_run = runs.known("child", seed), None
+    if replayed is None:
+        child_run = runs.child(seed, "replay")
+        if child_run.outcome != "ok" or child_run.val_bpb is None:
+            return None
+        replayed = child_run.val_bpb
+    body = wire.verification_body(
+        result=discard["id"], child_val_bpb=None, parent_val_bpb=None, seed=seed,
+        profile=profile.name, harness=discard["harness"], replay_val_bpb=replayed,
+        verdict="misreported" if abs(replayed - signed) > profile.replay_tolerance else "confirm",
+        device=discard.get("device") or "",
+    )  # fmt: skip
+    fact = ledger.publish(me, "verification", body)
+    return Verified(body["verdict"], None, None, fact, child_run, child_run)
+
+
 def _replay(
     claimed: tuple[int, float, float], runs: _Runs, score_parent: Callable[[int], float | None],
     tolerance: float, verdict: str,

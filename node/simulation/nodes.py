@@ -254,8 +254,9 @@ class SimNode:
     def _jam(self) -> None:
         """Every change the offline proposer knows on the swarm's head, once per head: a discard
         signed with a made-up pair on a seed of its own, the child a paired sigma worse than the
-        parent (a plausible loss, which the evidence does not favour running again). No run
-        behind any of them."""
+        parent (a plausible loss, which the evidence does not favour running again), and the
+        child's train.py given out, so that its discards count as evidence until a replay
+        denies one (`node.agent.discards`). No run behind any of them."""
         self.sim.clock += land.run_seconds(self.rng, self.speed)
         head = self.researcher.best_head()
         if head in self.jammed:
@@ -266,6 +267,7 @@ class SimNode:
             seed = int(self.rng.integers(0, 2**31))
             parent_score = float(self.rng.normal(1.0, land.SEED_SD))
             child_score = parent_score + land.PAIRED_SD
+            self.ledger.add_version(text.encode())
             body = wire.result_body(
                 parent=head, child=hashlib.sha256(text.encode()).hexdigest(),
                 diff=normalise_diff(make_diff(parent, text)).encode(), description=description,
