@@ -54,13 +54,14 @@ def dave() -> Identity:
     return Identity(bytes(range(4, 36)))
 
 
-def discard(book, who, seq, n, signed, *, seed=9, given_out=True) -> wire.Fact:
-    """`who`'s discard of MLP_RATIO -> n on the baseline: the child `signed` on `seed`, the
-    parent 3.0 there; its train.py given out (the ledger holds it) unless not `given_out`."""
-    text = child(n)
+def discard(book, who, seq, n, signed, *, seed=9, given_out=True, on=BASELINE) -> wire.Fact:
+    """`who`'s discard of MLP_RATIO -> n on `on` (the baseline): the child `signed` on `seed`,
+    the parent 3.0 there; its train.py given out (the ledger holds it) unless not `given_out`."""
+    text = on.replace("MLP_RATIO = 4 ", f"MLP_RATIO = {n} ")
     body = wire.result_body(
-        parent=PARENT, child=hashlib.sha256(text.encode()).hexdigest(),
-        diff=normalise_diff(make_diff(BASELINE, text)).encode(),
+        parent=hashlib.sha256(on.encode()).hexdigest(),
+        child=hashlib.sha256(text.encode()).hexdigest(),
+        diff=normalise_diff(make_diff(on, text)).encode(),
         description=f"MLP_RATIO 4 -> {n}", profile="test", harness=H, seed=seed,
         outcome="discard", metrics={"val_bpb": signed, "steps": 1, "tokens": 64},
         pairs=[(seed, signed, 3.0)], device=DEVICE,
@@ -159,6 +160,18 @@ def test_one_peer_drawn_by_hash_replays_each_authors_discards_on_a_head(
     now[0] += HOUR
     again = picks()
     assert list(again.values()) == [mallory.peer_id] and set(again) & set(first) == set()
+    # On the next head, a peer whose discards replays backed is replayed only where the node
+    # drawn for it chooses to audit (a coin only it can toss); one never backed, always.
+    head = BASELINE.replace("ROPE_BASE = 10000.0", "ROPE_BASE = 20000.0")
+    book.add_version(head.encode())
+    discard(book, bob, 10, 3, 3.01, on=head)
+    discard(book, dave, 10, 3, 3.01, on=head)
+    parent = hashlib.sha256(head.encode()).hexdigest()
+    for audit, authors in ((lambda a: False, {dave.peer_id}),
+                           (lambda a: True, {bob.peer_id, dave.peer_id})):  # fmt: skip
+        found = {pick["author"] for me in pool if (pick := discards.to_replay(
+            book, me, "test", H, parent, DEVICE, pool, HOUR, audit))}  # fmt: skip
+        assert found == authors
 
 
 def test_a_replay_of_a_discard_publishes_what_the_authors_seed_gave(book, alice, bob, mallory,

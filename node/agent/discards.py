@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from node import committees
@@ -64,7 +64,10 @@ def tally(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[set[str], set[str]]
 
 def denied(ledger: Ledger) -> frozenset[str]:
     """The peers with a discard whose replays deny it more often than they back it."""
-    rows = ledger.rows(_REPLAYS)
+    return _denied(ledger.rows(_REPLAYS))
+
+
+def _denied(rows: list[dict[str, Any]]) -> frozenset[str]:
     authors = {r["id"]: r["author"] for r in rows}
     return frozenset(
         authors[rid] for rid, (backed, off) in tally(rows).items() if len(off) > len(backed)
@@ -79,11 +82,12 @@ def drawn(me: str, author: str, parent: str, pool: Collection[str], waited: int)
 
 def to_replay(
     ledger: Ledger, me: str, profile: str, harness: str, parent: str, device: str,
-    pool: Collection[str], hour_ms: int,
+    pool: Collection[str], hour_ms: int, audit: Callable[[str], bool] = lambda author: True,
 ) -> dict[str, Any] | None:  # fmt: skip
     """A peer's discard on `parent` that this node, on `device`, is drawn to replay: of a peer
-    none of whose discards there a replay backed, nor one of this node's; its discard the
-    first by hash, or one whose denial stands on one replay more than backs it. None: none."""
+    none of whose discards there a replay backed, nor one of this node's, and, where replays
+    backed its discards elsewhere, that this node chooses to `audit`; its discard the first by
+    hash, or one whose denial stands on one replay more than backs it. None: none."""
     rows = ledger.rows(
         "SELECT * FROM results WHERE parent = ? AND profile = ? AND harness = ? AND device = ? "
         "AND outcome = 'discard' AND author != ? ORDER BY id",
@@ -91,8 +95,12 @@ def to_replay(
     )
     if not rows:
         return None
-    looks = tally(ledger.rows(_REPLAYS + " AND r.parent = ?", (parent,)))
-    gone = denied(ledger)
+    everywhere = ledger.rows(_REPLAYS)
+    here = {r["id"] for r in rows}
+    looks = tally(r for r in everywhere if r["id"] in here)
+    backed_before = {r["author"] for r in everywhere
+                     if r["id"] not in here and tally([r])[r["id"]][0]}  # fmt: skip
+    gone = _denied(everywhere)
     by_author: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_author.setdefault(r["author"], []).append(r)
@@ -103,7 +111,8 @@ def to_replay(
             continue
         close = [r for r in theirs if r["id"] in looks
                  and len(looks[r["id"]][1]) == len(looks[r["id"]][0]) + 1]  # fmt: skip
-        if not close and (author in gone or any(backed for backed, _ in replayed)):
+        if not close and (author in gone or any(backed for backed, _ in replayed)
+                          or (author in backed_before and not audit(author))):  # fmt: skip
             continue
         pick = (
             close[0]

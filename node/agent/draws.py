@@ -6,25 +6,35 @@ public values (`node.committees`): nobody picks them.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from node import committees, consensus, evidence, noise
 from node.agent import discards
+from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import Profile
 
 ACTIVE_MS = 3_600_000  # a peer that published in the last hour is active: it may be drawn to look
+# The chance that a node drawn to replay the discards on a head of a peer whose discards replays
+# backed before does so: a coin only this node can toss (its signature), so that a peer cannot
+# tell on which heads it may sign discards no run stands behind unseen.
+AUDIT_SHARE = 0.25
 
 
 @dataclass(frozen=True)
 class Draws:
-    """The draws of node `me` (its peer id) on `profile` under `quorum`."""
+    """The draws of the node `identity` on `profile` under `quorum`."""
 
     ledger: Ledger
-    me: str
+    identity: Identity
     profile: Profile
     quorum: int
     harness: str
+
+    @property
+    def me(self) -> str:
+        return self.identity.peer_id
 
     def drawn(self, claims: list, rules: consensus.Rules | None = None, out=None) -> list:
         """The claims this node is drawn to judge at once (`committees`, from the members or
@@ -87,11 +97,17 @@ class Draws:
 
     def discard(self, parent: str | None) -> dict | None:
         """A peer's discard on `parent` this node is drawn to replay (`discards.to_replay`):
-        from the members, else the active peers; on this node's device class."""
+        from the members, else the active peers; on this node's device class; of a peer whose
+        discards replays backed before, on AUDIT_SHARE of the heads."""
         device = noise.device_of(self.ledger, self.profile.name)
         if parent is None or not device:
             return None
         rules = self.ledger.rules(self.profile.name, self.quorum)
         pool = self.active() if rules.members is None else rules.members
+
+        def audit(author: str) -> bool:
+            coin = hashlib.sha256(self.identity.sign(f"discards:{parent}:{author}".encode()))
+            return int.from_bytes(coin.digest()[:8]) < AUDIT_SHARE * 2**64
+
         return discards.to_replay(self.ledger, self.me, self.profile.name, self.harness, parent,
-                                  device, pool, ACTIVE_MS)  # fmt: skip
+                                  device, pool, ACTIVE_MS, audit)  # fmt: skip

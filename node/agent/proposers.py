@@ -142,12 +142,13 @@ def context_from_ledger(
     that is no claim whose train.py this node does not hold (nobody gave it out to replay).
     """
     parent = hashlib.sha256(train_py.encode()).hexdigest()
-    gone = discards.denied(ledger)  # peers whose discards replays denied: no evidence
-    rows = [r for r in ledger.rows(
+    gone = sorted(discards.denied(ledger))  # peers whose discards replays denied: no evidence
+    heard = f"AND {_CHECKABLE} AND r.author NOT IN ({', '.join('?' * len(gone))})"
+    rows = ledger.rows(
         f"SELECT r.id, r.val_bpb, {_attempts_from(ledger)} "
-        f"WHERE r.parent = ? AND r.profile = ? AND {_CHECKABLE} ORDER BY r.time DESC, r.id",
-        (parent, profile),
-    ) if r["author"] not in gone]  # fmt: skip
+        f"WHERE r.parent = ? AND r.profile = ? {heard} ORDER BY r.time DESC, r.id",
+        (parent, profile, *gone),
+    )
     if parent_val_bpb is None:
         best = ledger.rows(
             "SELECT MIN(val_bpb) AS v FROM results WHERE child = ? AND profile = ? "
@@ -174,18 +175,17 @@ def context_from_ledger(
                 _judgement(r), looked.get(r["id"], ()))
         for r in ledger.rows(
             f"SELECT r.id, {_attempts_from(ledger)} "
-            f"WHERE r.parent IN ({marks}) AND r.profile = ? AND {_CHECKABLE} "
-            "ORDER BY r.time DESC, r.id "
+            f"WHERE r.parent IN ({marks}) AND r.profile = ? {heard} ORDER BY r.time DESC, r.id "
             f"LIMIT {MAX_EARLIER}",
-            (*versions, profile),
-        ) if (paired := _paired(r)) and r["author"] not in gone
+            (*versions, profile, *gone),
+        ) if (paired := _paired(r))
     )  # fmt: skip
     active = frozenset(
         r["author"] for r in ledger.rows(
             "SELECT DISTINCT author FROM results WHERE profile = ? AND time >= ?",
             (profile, ledger.clock() - ACTIVE_MS),
         )
-    ) - gone | ({me} if me else set())  # fmt: skip
+    ) - set(gone) | ({me} if me else set())  # fmt: skip
     return Context(train_py, program, profile, history, tried, lineage, refuted, me, active,
                    earlier)  # fmt: skip
 

@@ -76,7 +76,7 @@ class Researcher:
         self.baseline_source = baseline_source
         self.baseline = ledger.add_version(baseline_source.encode())
         self.harness = harness_sha256(profile)
-        self.draws = Draws(ledger, me.peer_id, profile, quorum, self.harness)
+        self.draws = Draws(ledger, me, profile, quorum, self.harness)
         self.margin: float | None = None  # the smallest single-pair gain this node believes
         self.sigma: float | None = None  # the standard deviation of one paired difference
         self.sigma_df = 0  # degrees of freedom behind it (0: the profile's prior alone)
@@ -473,7 +473,7 @@ class Researcher:
 
     def _replay_discard(self) -> Verified | None:
         """A replay of a peer's discard on the adopted head that nobody checked there, when this
-        node is drawn for it (`discards`): one no run stands behind hides a win from all."""
+        node is drawn for it (`Draws.discard`): one no run stands behind hides a win from all."""
         pick = self.draws.discard(self.adopted)
         if pick is None or not self.crew.take("verify", pick["id"]):
             return None
@@ -522,7 +522,8 @@ class Researcher:
         parent (a win beside it, to merge) this node was drawn to judge (`Draws.drawn`), else
         a replay it is drawn for at a step of the head's lineage (a look nobody replayed, or the
         author's seed), else every AUDIT_EVERY-th step an audit of the head's lineage,
-        else a verification of a peer's claim (every `verify_every`-th step, when one is open),
+        else every `verify_every`-th step a replay of a peer's discard on the head it is drawn
+        for (`Draws.discard`) or a verification of a peer's claim, when one is open,
         else a research step from the head, else (when the proposer has nothing, or its model
         failed or its budget is spent) a verification after all. Publishes what it signed. A
         refused step ran nothing: a caller that gets several in a row should wait."""
@@ -561,12 +562,9 @@ class Researcher:
             audited = self._audit(replays_only=self.steps % AUDIT_EVERY != 0)
             if audited is not None:
                 return audited
-        if self.verify_every:  # a replay of a peer's discard on the head it is drawn for
-            replayed = self._replay_discard()
-            if replayed is not None:
-                return replayed
         if self.verify_every and self.steps % self.verify_every == 0:
-            verified = self._verify_one()
+            # a replay of a peer's discard on the head, drawn for it, else a verification
+            verified = self._replay_discard() or self._verify_one()
             if verified is not None:
                 return verified
         self.now.set(f"research from {self.head.sha256[:12]}")
