@@ -346,18 +346,23 @@ class LedgerQueries:
         return ordered
 
     def peers(self) -> list[dict]:
-        """Every peer seen: facts, results, confirmations, refutations and voids its results
-        received, and the messages rejected from it by reason."""
+        """Every peer seen: facts, results, confirmations, refutations and voids its claims
+        received, the replays of its discards that backed and that denied them
+        (`node.agent.discards`), and the messages rejected from it by reason."""
         # CROSS JOIN keeps SQLite walking verifications (fewer) rather than every result.
         standing = {
             r["author"]: r
             for r in self.rows(
-                "SELECT r.author, SUM(v.verdict = 'confirm') AS confirmations, "
-                "SUM(v.verdict = 'refute') AS refutations, SUM(v.verdict = 'void') AS voids "
-                "FROM verifications v CROSS "
+                "SELECT r.author, " + ", ".join(
+                    f"SUM(r.outcome = '{outcome}' AND v.verdict = '{verdict}') AS {name}"
+                    for outcome, verdict, name in (
+                        ("keep", "confirm", "confirmations"), ("keep", "refute", "refutations"),
+                        ("keep", "void", "voids"), ("discard", "confirm", "discards_backed"),
+                        ("discard", "misreported", "discards_denied"))
+                ) + " FROM verifications v CROSS "
                 "JOIN results r ON r.id = v.result AND v.author != r.author GROUP BY r.author"
             )
-        }
+        }  # fmt: skip
         rejected: dict[str, dict[str, int]] = {}
         for peer, reason, count in self.conn.execute(
             "SELECT peer_id, reason, count FROM rejections"
@@ -371,12 +376,15 @@ class LedgerQueries:
             p["confirmations"] = s.get("confirmations") or 0
             p["refutations"] = s.get("refutations") or 0
             p["voids"] = s.get("voids") or 0
+            p["discards_backed"] = s.get("discards_backed") or 0
+            p["discards_denied"] = s.get("discards_denied") or 0
             p["rejected"] = rejected.pop(p["peer_id"], {})
             out.append(p)
         for peer, reasons in rejected.items():  # peers only ever heard from with junk
             out.append({"peer_id": peer, "first_seen": None, "last_seen": None, "facts": 0,
                         "results": 0, "verifications": 0, "confirmations": 0, "refutations": 0,
-                        "voids": 0, "rejected": reasons})  # fmt: skip
+                        "voids": 0, "discards_backed": 0, "discards_denied": 0,
+                        "rejected": reasons})  # fmt: skip
         return sorted(out, key=lambda p: (-(p["last_seen"] or 0), p["peer_id"]))
 
     def fact(self, fact_id: str) -> dict:

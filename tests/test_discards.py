@@ -212,3 +212,17 @@ def test_a_local_swarm_says_what_a_replay_of_a_discard_gave(tmp_path, alice, bob
         "node1 replayed node2's 'MLP_RATIO 4 -> 3' discard: the signed score",
         "node1 replayed node3's 'MLP_RATIO 4 -> 5' discard: not the signed score",
     ]
+
+
+def test_the_ledgers_peers_count_the_replays_of_their_discards_apart_from_their_claims(
+    book, bob, carol, dave, mallory
+):
+    honest = discard(book, bob, 1, 3, 3.01)
+    made_up = discard(book, mallory, 1, 5, 3.02)
+    replay(book, carol, 1, honest, 3.01)
+    replay(book, carol, 2, made_up, 2.95)
+    replay(book, dave, 1, made_up, 2.95)
+    peers = {p["peer_id"]: p for p in book.peers()}
+    counts = ("confirmations", "refutations", "voids", "discards_backed", "discards_denied")
+    assert [peers[bob.peer_id][k] for k in counts] == [0, 0, 0, 1, 0]
+    assert [peers[mallory.peer_id][k] for k in counts] == [0, 0, 0, 0, 2]

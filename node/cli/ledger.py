@@ -346,20 +346,23 @@ def peers(home: HomeOption = None, db: DbOption = None, as_json: JsonOption = Fa
             _print_record(p["peer_id"], [
                 f"first seen {_when(p['first_seen'])}, last seen {_when(p['last_seen'])}",
                 f"{p['results']} results, {p['verifications']} verifications; its claims got "
-                f"✓ {p['confirmations']} ✗ {p['refutations']} ⊘ {p['voids']}; "
+                f"✓ {p['confirmations']} ✗ {p['refutations']} ⊘ {p['voids']}; replays of its "
+                f"discards ✓ {p['discards_backed']} ✗ {p['discards_denied']}; "
                 f"rejected: {_counts(p['rejected'])}",
             ])  # fmt: skip
         return
     table = Table(title=f"peers ({len(rows)})")
     table.add_column("peer", no_wrap=True, min_width=52)  # whole: people paste it into --peer
-    columns = ("first seen", "last seen", "results", "verifs", "✓ got", "✗ got", "⊘ got", "rejected")  # fmt: skip
+    columns = ("first seen", "last seen", "results", "verifs", "✓ got", "✗ got", "⊘ got",
+               "discards replayed ✓ ✗", "rejected")  # fmt: skip
     for name in columns:
         table.add_column(name)
     for p in rows:
         table.add_row(
             p["peer_id"], _when(p["first_seen"]), _when(p["last_seen"]), str(p["results"]),
             str(p["verifications"]), str(p["confirmations"]), str(p["refutations"]),
-            str(p["voids"]), _counts(p["rejected"]),
+            str(p["voids"]), f"{p['discards_backed']} {p['discards_denied']}",
+            _counts(p["rejected"]),
         )  # fmt: skip
     console.print(table)
 
