@@ -4,6 +4,7 @@ denial; one peer drawn by hash replays each author's discards on a head."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -187,11 +188,39 @@ def test_a_replay_of_a_discard_publishes_what_the_authors_seed_gave(book, alice,
     assert denied.fact.body["replay_val_bpb"] == 2.95 and denied.fact.body["seed"] == 9
     assert discards.denied(book) == {mallory.peer_id}
 
-    def refuse(source):  # a child the node's checks refuse never runs: nothing published
+
+def test_a_discard_of_a_child_no_honest_node_runs_is_misreported_and_a_crash_proves_nothing(
+    book, alice, bob, carol, tmp_path
+):  # fmt: skip
+    refused = discard(book, bob, 1, 3, 3.01)
+    crashed = discard(book, carol, 1, 5, 3.02)
+    row = {r["id"]: r for r in book.rows("SELECT * FROM results")}
+
+    def refuse(source):  # the node's checks refuse the child: under that harness nobody ran it
         raise AgentError("refused")
 
-    assert replay_discard(book, alice, row[made_up.id], TEST, None, tmp_path, check=refuse,
-                          run=fixed_run({9: 2.95}.get)) is None  # fmt: skip
+    def crash(script, profile, data, run_dir, seed=0, on_event=None):
+        return dataclasses.replace(fixed_run(lambda s: None)(script, profile, data, run_dir, seed),
+                                   outcome="crash")  # fmt: skip
+
+    out = replay_discard(book, alice, row[refused.id], TEST, None, tmp_path, check=refuse,
+                         run=fixed_run({9: 2.95}.get))  # fmt: skip
+    assert out.verdict == "misreported" and out.child_run is None
+    assert discards.denied(book) == {bob.peer_id}
+    who = {p.peer_id: p for p in (alice, bob, carol)}
+
+    def picks() -> dict[str, str]:  # the peer drawn for each author's discards: its pick
+        found = {me: discards.to_replay(book, me, "test", H, PARENT, DEVICE, set(who), HOUR)
+                 for me in who}  # fmt: skip
+        return {pick["author"]: me for me, pick in found.items() if pick}
+
+    replayer = picks()[carol.peer_id]
+    assert replay_discard(book, who[replayer], row[crashed.id], TEST, None, tmp_path / "x",
+                          check=None, run=crash) is None  # fmt: skip
+    # nothing published, and the replay that crashed there is not picked again
+    assert carol.peer_id not in picks() and not book.rows(
+        "SELECT 1 FROM verifications WHERE result = ?", (crashed.id,)
+    )
 
 
 def test_a_local_swarm_says_what_a_replay_of_a_discard_gave(tmp_path, alice, bob, mallory):

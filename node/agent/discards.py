@@ -4,12 +4,13 @@ beliefs. So one key that signs discards with no run behind them (made-up losses 
 on each head) would hide every win from every proposer, for the price of signatures.
 
 A discard is a run on its author's seed, and a replay of that seed on the author's device class
-gives the author's score within the profile's replay tolerance. On each head it adopts, a node
-drawn for it (`drawn`: one peer a discarding author, by hash, one more for each hour nobody did)
-replays one discard of each peer that nobody checked there yet (`to_replay`), and publishes the
-replay as a `verification` of it: "confirm" where it gave the signed score, "misreported" where
-it did not. A peer with a discard whose replays deny it more often than they back it is no
-evidence to the proposers (`denied`): its results are left out of every context
+gives the author's score within the profile's replay tolerance. On the head it adopted, a node
+drawn for it (`drawn`: one a discarding peer and head, by hash, one more for each hour nobody
+did) replays one discard of a peer nobody checked there yet (`to_replay`; of a peer that replays
+backed before, only where the node's own coin says so: `Draws.discard`), and publishes the replay
+as a `verification` of it: "confirm" where it gave the signed score, "misreported" where it did
+not. A peer with a discard whose replays deny it more often than they back it is no evidence to
+the proposers (`denied`): its results are left out of every context
 (`proposers.context_from_ledger`), so its changes are tried again. A replay that denied an
 honest discard is undone by the next one that backs it: a drawn node replays again while a
 denial stands on one replay more than the backing ones.
@@ -120,6 +121,11 @@ def to_replay(
             else min(theirs, key=lambda r: hashlib.sha256(f"{r['id']}:{parent}".encode()).digest())
         )
         waited = max(0, now - min(r["time"] for r in theirs)) // hour_ms
-        if ledger.version(pick["child"]) is not None and drawn(me, author, parent, pool, waited):
+        if ledger.version(pick["child"]) is None or not drawn(me, author, parent, pool, waited):
+            continue
+        if not ledger.rows(  # a replay that crashed here is not tried again
+            "SELECT 1 FROM runs WHERE child = ? AND seed = ? AND harness = ? LIMIT 1",
+            (pick["child"], pick["seed"], harness),
+        ):
             return pick
     return None

@@ -257,18 +257,25 @@ def replay_discard(
     """Replay a peer's discard (`node.agent.discards`): its child on the author's first seed
     (or this node's earlier run of it there), and publish a `verification` of it with the
     replayed score: "confirm" where it is the signed one within the profile's replay tolerance,
-    "misreported" where not. None, nothing published, where the child fails `check` (nobody
-    runs it, so its discard hides nothing), its run crashed, or a version is missing."""
+    "misreported" where not, or where the child fails `check` (under the discard's harness no
+    honest node ran it). None, nothing published, where its run crashed here (that proves
+    nothing) or a version is missing."""
     pairs = claimed_pairs(discard)
     source = ledger.version(discard["child"])
     if not pairs or source is None:
         return None
+    seed, signed, _ = pairs[0]
     if check is not None:
         try:
             check(source.decode())
         except AgentError:
-            return None
-    seed, signed, _ = pairs[0]
+            body = wire.verification_body(
+                result=discard["id"], child_val_bpb=None, parent_val_bpb=None, seed=seed,
+                profile=profile.name, harness=discard["harness"], verdict="misreported",
+                device=discard.get("device") or "",
+            )  # fmt: skip
+            return Verified("misreported", None, None, ledger.publish(me, "verification", body),
+                            None)  # fmt: skip
     base = Path(work_dir) / f"replay-{time.strftime('%Y%m%d-%H%M%S')}-{discard['id'][:12]}"
     runs = _Runs(ledger, {"child": source.decode()}, discard, profile, data, base, run)
     replayed, child_run = runs.known("child", seed), None
