@@ -127,6 +127,16 @@ def carol() -> Identity:
     return Identity(bytes(range(2, 34)))
 
 
+@pytest.fixture
+def mallory() -> Identity:
+    return Identity(bytes(range(3, 35)))
+
+
+@pytest.fixture
+def dave() -> Identity:
+    return Identity(bytes(range(4, 36)))
+
+
 # ---------------------------------------------------------------------------------------------
 # The trainer's data: the `test` profile's corpus and shards, built once per session. Set
 # SWARM_TEST_DATA to a folder to keep the build between sessions (rebuilt when absent).

@@ -17,7 +17,6 @@ from node.agent.errors import AgentError
 from node.agent.patch import make_diff, normalise_diff
 from node.agent.proposers import context_from_ledger
 from node.agent.verifier import replay_discard
-from node.identity import Identity
 from node.ledger import Ledger
 from node.trainer import BASELINE_TRAIN_PY, get_profile
 
@@ -43,16 +42,6 @@ def book(tmp_path, now):
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN, clock=lambda: now[0]) as ledger:
         ledger.add_version(BASELINE.encode())
         yield ledger
-
-
-@pytest.fixture
-def mallory() -> Identity:
-    return Identity(bytes(range(3, 35)))
-
-
-@pytest.fixture
-def dave() -> Identity:
-    return Identity(bytes(range(4, 36)))
 
 
 def discard(book, who, seq, n, signed, *, seed=9, given_out=True, on=BASELINE) -> wire.Fact:

@@ -19,11 +19,10 @@ denial stands on one replay more than the backing ones.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
-from node import committees
+from node import committees, evidence
 from node.trainer.profiles import PROFILES, Profile
 
 if TYPE_CHECKING:
@@ -32,20 +31,12 @@ if TYPE_CHECKING:
 # Every replay of a discard's seed by another peer (the partial index of ledger release 12 holds
 # them: verifications are read in its order, each joined to its result by id).
 _REPLAYS = (
-    "SELECT r.id, r.author, r.profile, r.child_scores, r.device AS signed_on, v.author AS by, "
-    "v.replay_val_bpb AS replay, v.device, v.verdict FROM verifications v "
+    "SELECT r.id, r.author, r.profile, r.child_scores, r.val_bpb, r.device AS signed_on, "
+    "v.author AS by, v.replay_val_bpb AS replay, v.device, v.verdict FROM verifications v "
     "CROSS JOIN results r ON r.id = v.result "
     "WHERE (v.replay_val_bpb IS NOT NULL OR v.verdict = 'misreported') "
     "AND r.outcome = 'discard' AND v.author != r.author"
 )
-
-
-def signed_first(row: dict[str, Any]) -> float | None:
-    """The child's score a result's author signed on its first seed."""
-    try:
-        return float(json.loads(row["child_scores"])[0])
-    except (TypeError, ValueError, IndexError, KeyError):
-        return None
 
 
 def tally(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[set[str], set[str]]]:
@@ -54,7 +45,7 @@ def tally(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[set[str], set[str]]
     out: dict[str, tuple[set[str], set[str]]] = {}
     for row in rows:
         backed, denied = out.setdefault(row["id"], (set(), set()))
-        signed = signed_first(row)
+        signed = evidence.claimed_first_score(row)
         tolerance = PROFILES.get(row["profile"], Profile).replay_tolerance
         if row["verdict"] == "misreported" or signed is None:
             denied.add(row["by"])
@@ -65,14 +56,12 @@ def tally(rows: Iterable[dict[str, Any]]) -> dict[str, tuple[set[str], set[str]]
 
 def denied(ledger: Ledger) -> frozenset[str]:
     """The peers with a discard whose replays deny it more often than they back it."""
-    return _denied(ledger.rows(_REPLAYS))
+    rows = ledger.rows(_REPLAYS)
+    return _denied(tally(rows), {r["id"]: r["author"] for r in rows})
 
 
-def _denied(rows: list[dict[str, Any]]) -> frozenset[str]:
-    authors = {r["id"]: r["author"] for r in rows}
-    return frozenset(
-        authors[rid] for rid, (backed, off) in tally(rows).items() if len(off) > len(backed)
-    )
+def _denied(looks: dict[str, tuple[set[str], set[str]]], authors: dict[str, str]) -> frozenset[str]:
+    return frozenset(authors[rid] for rid, (backed, off) in looks.items() if len(off) > len(backed))
 
 
 def drawn(me: str, author: str, parent: str, pool: Collection[str], waited: int) -> bool:
@@ -97,11 +86,11 @@ def to_replay(
     if not rows:
         return None
     everywhere = ledger.rows(_REPLAYS)
-    here = {r["id"] for r in rows}
-    looks = tally(r for r in everywhere if r["id"] in here)
-    backed_before = {r["author"] for r in everywhere
-                     if r["id"] not in here and tally([r])[r["id"]][0]}  # fmt: skip
-    gone = _denied(everywhere)
+    every_look, authors = tally(everywhere), {r["id"]: r["author"] for r in everywhere}
+    looks = {r["id"]: every_look[r["id"]] for r in rows if r["id"] in every_look}
+    backed_before = {authors[rid] for rid, (backed, _) in every_look.items()
+                     if backed and rid not in looks}  # fmt: skip
+    gone = _denied(every_look, authors)
     by_author: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_author.setdefault(r["author"], []).append(r)
