@@ -14,7 +14,8 @@ from test_loop import fixed_run
 from node import wire
 from node.agent import discards
 from node.agent.errors import AgentError
-from node.agent.patch import make_diff, normalise_diff
+from node.agent.offline import OfflineProposer, share_of
+from node.agent.patch import change_hash, make_diff, normalise_diff
 from node.agent.proposers import context_from_ledger
 from node.agent.verifier import replay_discard
 from node.ledger import Ledger
@@ -44,15 +45,18 @@ def book(tmp_path, now):
         yield ledger
 
 
-def discard(book, who, seq, n, signed, *, seed=9, given_out=True, on=BASELINE) -> wire.Fact:
-    """`who`'s discard of MLP_RATIO -> n on `on` (the baseline): the child `signed` on `seed`,
-    the parent 3.0 there; its train.py given out (the ledger holds it) unless not `given_out`."""
-    text = on.replace("MLP_RATIO = 4 ", f"MLP_RATIO = {n} ")
+def discard(book, who, seq, n, signed, *, seed=9, given_out=True, on=BASELINE,
+            change=None) -> wire.Fact:  # fmt: skip
+    """`who`'s discard of MLP_RATIO -> n on `on` (the baseline), or of `change` (its description
+    and child): the child `signed` on `seed`, the parent 3.0 there; its train.py given out (the
+    ledger holds it) unless not `given_out`."""
+    description, text = change or (f"MLP_RATIO 4 -> {n}",
+                                   on.replace("MLP_RATIO = 4 ", f"MLP_RATIO = {n} "))  # fmt: skip
     body = wire.result_body(
         parent=hashlib.sha256(on.encode()).hexdigest(),
         child=hashlib.sha256(text.encode()).hexdigest(),
         diff=normalise_diff(make_diff(on, text)).encode(),
-        description=f"MLP_RATIO 4 -> {n}", profile="test", harness=H, seed=seed,
+        description=description, profile="test", harness=H, seed=seed,
         outcome="discard", metrics={"val_bpb": signed, "steps": 1, "tokens": 64},
         pairs=[(seed, signed, 3.0)], device=DEVICE,
     )  # fmt: skip
@@ -162,6 +166,54 @@ def test_one_peer_drawn_by_hash_replays_each_authors_discards_on_a_head(
         found = {pick["author"] for me in pool if (pick := discards.to_replay(
             book, me, "test", H, parent, DEVICE, pool, HOUR, audit))}  # fmt: skip
         assert found == authors
+
+
+def test_a_discard_that_hides_a_change_of_a_nodes_share_is_replayed_by_that_node(
+    book, alice, bob, carol, mallory
+):
+    """A node's proposer passes over a change of its own share that a peer discarded (a peer's
+    word): it remembers which (`OfflineProposer.hidden`), and the node replays that discard,
+    drawn for it or not. Not a peer's discard of that peer's own share, nor a denied peer's."""
+    peers = {p.peer_id: p for p in (alice, bob, carol, mallory)}
+    context = context_from_ledger(book, BASELINE, "test", me=alice.peer_id)
+    context = dataclasses.replace(context, active=frozenset(peers))
+    ordered = [(d, c) for d, c in OfflineProposer(0)._ordered(context) if "; " not in d]
+
+    def owner(change: tuple[str, str]) -> str:
+        return share_of(change_hash(BASELINE, change[1]), frozenset(peers))
+
+    mine = [c for c in ordered if owner(c) == alice.peer_id]
+    bobs = next(c for c in ordered if owner(c) == bob.peer_id)
+    made_up = {(f := discard(book, mallory, i, 0, 3.02, change=c)).body["diff_sha256"]: f
+               for i, c in enumerate(mine, 1)}  # fmt: skip
+    honest = discard(book, bob, 1, 0, 3.01, change=bobs)
+
+    def propose() -> tuple[OfflineProposer, str]:
+        proposer = OfflineProposer(0)
+        context = context_from_ledger(book, BASELINE, "test", me=alice.peer_id)
+        context = dataclasses.replace(context, active=frozenset(peers))
+        return proposer, proposer.propose(context).description
+
+    proposer, proposed = propose()  # its share all discarded: another's
+    assert proposed not in dict(mine) and proposer.hidden[0] == PARENT
+    assert set(proposer.hidden[1]) == set(made_up)  # not bob's discard of bob's own share
+    first = made_up[proposer.hidden[1][0]]
+    for me in peers:  # whoever a discard hides a change from replays it, drawn or not
+        pick = discards.to_replay(book, me, "test", H, PARENT, DEVICE, set(peers), HOUR,
+                                  hiding=proposer.hidden[1])  # fmt: skip
+        assert (pick or {}).get("id") == (None if me == mallory.peer_id else first.id)
+    replay(book, carol, 1, first, 2.95)  # denied: mallory's discards are no evidence
+    proposer, proposed = propose()
+    assert proposed in dict(mine) and proposer.hidden == (PARENT, ())
+    assert discards.to_replay(book, alice.peer_id, "test", H, PARENT, DEVICE, set(peers), HOUR,
+                              hiding=tuple(made_up)) is None  # fmt: skip
+    # A peer whose discard on this parent a replay backed is not replayed there again.
+    hid = (honest.body["diff_sha256"],)
+    assert discards.to_replay(book, alice.peer_id, "test", H, PARENT, DEVICE, set(peers), HOUR,
+                              hiding=hid)["id"] == honest.id  # fmt: skip
+    replay(book, carol, 2, honest, 3.01)
+    assert discards.to_replay(book, alice.peer_id, "test", H, PARENT, DEVICE, set(peers), HOUR,
+                              hiding=hid) is None  # fmt: skip
 
 
 def test_a_replay_of_a_discard_publishes_what_the_authors_seed_gave(book, alice, bob, mallory,

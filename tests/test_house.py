@@ -10,7 +10,7 @@ BUDGET = 500  # lines a module
 CEILINGS = {  # past the budget already: each one's size when its ceiling was set
     "node/local.py": 525,
     "node/trainer/runner.py": 535,
-    "node/agent/researcher.py": 741,
+    "node/agent/researcher.py": 738,
 }
 
 

@@ -69,6 +69,12 @@ class Draws:
         ranked = committees.committee(key, claim["author"], pool, rules.committee_size)
         return self.me in ranked[: 1 + waited]
 
+    def looked_at(self, rid: str) -> bool:
+        """Whether this node published a look at the claim `rid`."""
+        return bool(self.ledger.rows(
+            "SELECT 1 FROM verifications WHERE result = ? AND author = ? LIMIT 1", (rid, self.me)
+        ))  # fmt: skip
+
     def active(self) -> frozenset[str]:
         """Whom the lookers at a claim are drawn from in an open campaign (else the members):
         the peers active in the last ACTIVE_MS and this one, so that a peer that left drops out
@@ -95,10 +101,11 @@ class Draws:
         agree = {r["author"] for r in rows} - off
         return not agree if not off else len(agree | off) < rules.committee_size
 
-    def discard(self, parent: str | None) -> dict | None:
+    def discard(self, parent: str | None, hiding: tuple[str, ...] = ()) -> dict | None:
         """A peer's discard on `parent` this node is drawn to replay (`discards.to_replay`):
         from the members, else the active peers; on this node's device class; of a peer whose
-        discards replays backed before, on AUDIT_SHARE of the heads."""
+        discards replays backed before, on AUDIT_SHARE of the heads. `hiding`: one of a peer's
+        discards of these changes, which this node would try next but for them, drawn or not."""
         device = noise.device_of(self.ledger, self.profile.name)
         if parent is None or not device:
             return None
@@ -110,4 +117,4 @@ class Draws:
             return int.from_bytes(coin.digest()[:8]) < AUDIT_SHARE * 2**64
 
         return discards.to_replay(self.ledger, self.me, self.profile.name, self.harness, parent,
-                                  device, pool, ACTIVE_MS, audit)  # fmt: skip
+                                  device, pool, ACTIVE_MS, audit, hiding)  # fmt: skip

@@ -180,6 +180,9 @@ class OfflineProposer:
     def __init__(self, seed: int | str = 0) -> None:
         self.seed = seed
         self._proposed: set[tuple[str, str]] = set()  # (parent, change hash) given out already
+        # (parent, the changes of this node's share it passed over, in its order, for a peer's
+        # discard alone) at its last proposal: what a made-up discard would hide from it
+        self.hidden: tuple[str, tuple[str, ...]] = ("", ())
 
     def candidates(self, source: str, profile: str | None = None) -> Iterator[tuple[str, str]]:
         """(description, child source) in this seed's order for this parent; may not compile.
@@ -252,6 +255,8 @@ class OfflineProposer:
         # discard is its word, and one key that signed a discard of every change would
         # otherwise leave every node nothing to try.
         rest = {change: runs for change, (_, runs) in rerunnable(context).items()}
+        peers = context.active | {context.me} if context.me else frozenset()
+        self.hidden = (parent, ())
         for allowed in (more, rest):
             for description, child in ordered:
                 if child == context.train_py or unseen & _constants(description):
@@ -259,6 +264,8 @@ class OfflineProposer:
                 key = _change_hash(context.train_py, child)
                 if (key in tried and (key not in allowed or key in beyond)) or key in seen or (
                     parent, key) in self._proposed:  # fmt: skip
+                    if allowed is more and key in rest and share_of(key, peers) == context.me:
+                        self.hidden = (parent, (*self.hidden[1], key))
                     continue
                 seen.add(key)
                 try:

@@ -244,7 +244,7 @@ class Researcher:
             return
         self.adopted = best
         claim = self._claim_of(best)
-        if (claim is not None and not self._looked_at(claim) and self.margin is not None
+        if (claim is not None and not self.draws.looked_at(claim) and self.margin is not None
                 and self.verify_every):  # fmt: skip
             # A node that verifies re-measures the head it adopts, unless it looked at it already:
             # a look at the claim that made it, on its first seed: the look's run of the head is
@@ -358,7 +358,7 @@ class Researcher:
             favoured,
             key=lambda r: (adoption.favour(r, judged[r["id"]], mine.get(r["id"], ())), r["id"]),
         )
-        if not self._looked_at(pick["id"]):  # its first run of the child (its own seed): a look
+        if not self.draws.looked_at(pick["id"]):  # its first run of the child (own seed): a look
             return self._look(pick, "look ahead", find_replay=False)
         source = self.ledger.version(pick["child"]).decode()
         try:
@@ -471,10 +471,15 @@ class Researcher:
                 return self._look(claim, "verify", seed)
         return None
 
-    def _replay_discard(self) -> Verified | None:
-        """A replay of a peer's discard on the adopted head that nobody checked there, when this
-        node is drawn for it (`Draws.discard`): one no run stands behind hides a win from all."""
-        pick = self.draws.discard(self.adopted)
+    def _replay_discard(self, hiding: bool = False) -> Verified | None:
+        """A replay of a peer's discard nobody checked there: on the adopted head, one this node
+        is drawn for (`Draws.discard`); `hiding`, one that hid a change of its share from its
+        proposer's last proposal from its head (`OfflineProposer.hidden`)."""
+        hidden = getattr(self.proposer.inner, "hidden", ("", ()))
+        parent, changes = hidden if hiding else (self.adopted, ())
+        if hiding and (parent != self.head.sha256 or not changes):
+            return None
+        pick = self.draws.discard(parent, changes)
         if pick is None or not self.crew.take("verify", pick["id"]):
             return None
         self.now.set(f"audit discard {pick['id'][:12]} by {pick['author'][-6:]}",
@@ -522,9 +527,10 @@ class Researcher:
         parent (a win beside it, to merge) this node was drawn to judge (`Draws.drawn`), else
         a replay it is drawn for at a step of the head's lineage (a look nobody replayed, or the
         author's seed), else every AUDIT_EVERY-th step an audit of the head's lineage,
-        else every `verify_every`-th step a replay of a peer's discard on the head it is drawn
-        for (`Draws.discard`) or a verification of a peer's claim, when one is open,
-        else a research step from the head, else (when the proposer has nothing, or its model
+        else every `verify_every`-th step a verification of a peer's claim, when one is open,
+        or a replay of a peer's discard on the head it is drawn for (`Draws.discard`), else a
+        replay of a peer's discard that hid a change of its share from its proposer, else a
+        research step from the head, else (when the proposer has nothing, or its model
         failed or its budget is spent) a verification after all. Publishes what it signed. A
         refused step ran nothing: a caller that gets several in a row should wait."""
         if self.margin is None:
@@ -553,18 +559,16 @@ class Researcher:
                 if looked is not None:
                     return looked
         if self.verify_every:  # a win on the head refuted by looks its author's numbers
-            # contradict, that nobody replayed
-            rechecked = self._recheck()
-            if rechecked is not None:
-                return rechecked
-        if self.verify_every:  # then a step of the head's lineage resting on looks
-            # nobody replayed; every AUDIT_EVERY-th step, an audit of any step
-            audited = self._audit(replays_only=self.steps % AUDIT_EVERY != 0)
+            # contradict, that nobody replayed; then a step of the head's lineage resting on
+            # looks nobody replayed; every AUDIT_EVERY-th step, an audit of any step
+            audited = self._recheck() or self._audit(replays_only=self.steps % AUDIT_EVERY != 0)
             if audited is not None:
                 return audited
-        if self.verify_every and self.steps % self.verify_every == 0:
-            # a replay of a peer's discard on the head, drawn for it, else a verification
-            verified = self._replay_discard() or self._verify_one()
+        if self.verify_every:  # every verify_every-th step a verification, else a replay of
+            # a discard it is drawn for; at any, a replay of one that hid a change of its share
+            turn = self.steps % self.verify_every == 0
+            verified = (self._verify_one() or self._replay_discard()) if turn else None
+            verified = verified or self._replay_discard(hiding=True)
             if verified is not None:
                 return verified
         self.now.set(f"research from {self.head.sha256[:12]}")
@@ -628,13 +632,6 @@ class Researcher:
             if verified is not None:
                 return verified
         return None
-
-    def _looked_at(self, rid: str) -> bool:
-        """Whether this node published a look at the claim `rid`."""
-        return bool(self.ledger.rows(
-            "SELECT 1 FROM verifications WHERE result = ? AND author = ? LIMIT 1",
-            (rid, self.me.peer_id),
-        ))  # fmt: skip
 
     def _claim_row(self, rid: str) -> dict | None:
         rows = self.ledger.rows("SELECT * FROM results WHERE id = ?", (rid,))
