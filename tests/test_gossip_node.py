@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import socket
 import subprocess
 import sys
@@ -260,7 +261,7 @@ def test_connections_from_one_address_over_the_cap_are_refused(tmp_path: Path) -
 
 
 def test_streams_over_the_connection_cap_are_refused_whatever_their_protocol(
-    tmp_path: Path,
+    tmp_path: Path, caplog
 ) -> None:
     """Every protocol caps a peer at 2 streams of its own (`Limits.max_streams`), so a
     connection never reaches the default cap of 32: here it is 5, and the peer holds 2 streams
@@ -269,6 +270,7 @@ def test_streams_over_the_connection_cap_are_refused_whatever_their_protocol(
     four of the streams below)."""
     from node.gossip.protocols import FETCH, PEERS, SYNC
 
+    caplog.set_level(logging.INFO, logger="swarm.gossip")
     homes = [tmp_path / "a", tmp_path / "b"]
     a, ledgers = _node_with(Limits(max_conn_streams=5, target_peers=0), homes)
     seen: dict = {}
@@ -289,6 +291,8 @@ def test_streams_over_the_connection_cap_are_refused_whatever_their_protocol(
     before, after = seen["before"], seen["after"]
     assert after["streams_open_most"] == 5, after  # reached, never passed
     assert after["streams_refused"] > before["streams_refused"], (before, after)
+    # its log says which cap, and how many streams it allows
+    assert "over the cap of 5 streams open at once (one connection)" in caplog.text
 
 
 def test_a_node_asking_a_peer_many_times_at_once_opens_one_stream_a_kind_and_is_never_refused(

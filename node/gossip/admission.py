@@ -36,7 +36,9 @@ def capped_streams(node: GossipNode, handler: Any) -> Any:
         conn = stream.muxed_conn
         key = id(conn)
         if open_streams.get(key, 0) >= node.limits.max_conn_streams:
-            node.refuse_stream(conn.peer_id.to_base58(), "one connection's")
+            node.refuse_stream(
+                conn.peer_id.to_base58(), "one connection", node.limits.max_conn_streams
+            )
             await frames.reset(stream)
             return
         open_streams[key] = open_streams.get(key, 0) + 1

@@ -163,7 +163,9 @@ class GossipNode:
         pubsub.on_junk = self._on_junk
         pubsub.on_invalid = self._on_bad_signature
         pubsub.on_dropped = lambda peer_id, why: self.drop(peer_id.to_base58(), why)
-        pubsub.on_stream_refused = lambda p: self.refuse_stream(p.to_base58(), "GossipSub")
+        pubsub.on_stream_refused = lambda p: self.refuse_stream(
+            p.to_base58(), "GossipSub", self.limits.max_streams
+        )
         self.host, self.pubsub = host, pubsub
         try:
             await self._serve(host, router, pubsub)
@@ -276,10 +278,12 @@ class GossipNode:
         self.book.count_drop(peer, "bad_answer")
         self._penalise(peer, self.limits.invalid_penalty, "protocol")
 
-    def refuse_stream(self, peer: str, what: str) -> None:
-        """`peer` opened a stream over a cap (`what`: a connection's, or a protocol's)."""
+    def refuse_stream(self, peer: str, what: str, cap: int) -> None:
+        """`peer` opened a stream over a cap of `cap` open at once (`what`: "one connection",
+        or a protocol's name)."""
         self.counts["streams_refused"] += 1
-        log.info("refused a stream from %s: over the cap of %s streams", peer, what)
+        log.info("refused a stream from %s: over the cap of %d streams open at once (%s)",
+                 peer, cap, what)  # fmt: skip
         self._penalise(peer, self.limits.stream_penalty, "streams")
 
     def _on_junk(self, peer_id: ID, exc: Exception, serious: bool = True) -> None:

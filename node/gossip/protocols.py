@@ -52,7 +52,7 @@ def _guarded(node: GossipNode, handler: Any) -> Any:
             await reset(stream)
             return
         if not node.book.open_stream(peer, protocol):
-            node.refuse_stream(peer, protocol)  # too many of this protocol at once
+            node.refuse_stream(peer, protocol, node.limits.max_streams)  # too many of it
             await reset(stream)
             return
         try:
