@@ -197,6 +197,9 @@ def test_a_discard_that_hides_a_change_of_a_nodes_share_is_replayed_by_that_node
     proposer, proposed = propose()  # its share all discarded: another's
     assert proposed not in dict(mine) and proposer.hidden[0] == PARENT
     assert set(proposer.hidden[1]) == set(made_up)  # not bob's discard of bob's own share
+    anyone = OfflineProposer(0)  # a proposer that knows no share of its own passes over none
+    anyone.propose(context_from_ledger(book, BASELINE, "test"))
+    assert anyone.hidden == (PARENT, ())
     first = made_up[proposer.hidden[1][0]]
     for me in peers:  # whoever a discard hides a change from replays it, drawn or not
         pick = discards.to_replay(book, me, "test", H, PARENT, DEVICE, set(peers), HOUR,

@@ -172,7 +172,8 @@ class OfflineProposer:
     lately (`Context.me`, `.active`), it proposes first the changes that are its share
     (`share_of`), then, with its own share done, the others' (first those it would inherit next),
     each in that order: sixteen nodes try sixteen different changes at once, and a quiet node's
-    share passes to the others.
+    share passes to the others. It remembers the changes of its share it passed over at its last
+    proposal for a peer's discard alone (`hidden`), which the node replays (`node.agent.discards`).
     """
 
     kind = "learning"  # its name for `--proposer` and `swarm status`
@@ -256,6 +257,7 @@ class OfflineProposer:
         # otherwise leave every node nothing to try.
         rest = {change: runs for change, (_, runs) in rerunnable(context).items()}
         peers = context.active | {context.me} if context.me else frozenset()
+        mine = (lambda key: share_of(key, peers) == context.me) if context.me else lambda key: False
         self.hidden = (parent, ())
         for allowed in (more, rest):
             for description, child in ordered:
@@ -264,7 +266,7 @@ class OfflineProposer:
                 key = _change_hash(context.train_py, child)
                 if (key in tried and (key not in allowed or key in beyond)) or key in seen or (
                     parent, key) in self._proposed:  # fmt: skip
-                    if allowed is more and key in rest and share_of(key, peers) == context.me:
+                    if allowed is more and key in rest and mine(key):  # a peer's word hid it
                         self.hidden = (parent, (*self.hidden[1], key))
                     continue
                 seen.add(key)
