@@ -474,7 +474,7 @@ class Researcher:
     def _replay_discard(self, hiding: bool = False) -> Verified | None:
         """A replay of a peer's discard nobody checked there: on the adopted head, one this node
         is drawn for (`Draws.discard`); `hiding`, one that hid a change of its share from its
-        proposer's last proposal from its head (`OfflineProposer.hidden`)."""
+        proposer at its last proposal on its head (`OfflineProposer.hidden`)."""
         hidden = getattr(self.proposer.inner, "hidden", ("", ()))
         parent, changes = hidden if hiding else (self.adopted, ())
         if hiding and (parent != self.head.sha256 or not changes):
