@@ -17,9 +17,10 @@ from node.agent.errors import AgentError
 from node.agent.offline import OfflineProposer, share_of
 from node.agent.patch import change_hash, make_diff, normalise_diff
 from node.agent.proposers import context_from_ledger
+from node.agent.researcher import Researcher
 from node.agent.verifier import replay_discard
 from node.ledger import Ledger
-from node.trainer import BASELINE_TRAIN_PY, get_profile
+from node.trainer import BASELINE_TRAIN_PY, get_profile, harness_sha256
 
 BASELINE = BASELINE_TRAIN_PY.read_text()
 PARENT = hashlib.sha256(BASELINE.encode()).hexdigest()
@@ -46,7 +47,7 @@ def book(tmp_path, now):
 
 
 def discard(book, who, seq, n, signed, *, seed=9, given_out=True, on=BASELINE,
-            change=None) -> wire.Fact:  # fmt: skip
+            change=None, harness=H) -> wire.Fact:  # fmt: skip
     """`who`'s discard of MLP_RATIO -> n on `on` (the baseline), or of `change` (its description
     and child): the child `signed` on `seed`, the parent 3.0 there; its train.py given out (the
     ledger holds it) unless not `given_out`."""
@@ -56,7 +57,7 @@ def discard(book, who, seq, n, signed, *, seed=9, given_out=True, on=BASELINE,
         parent=hashlib.sha256(on.encode()).hexdigest(),
         child=hashlib.sha256(text.encode()).hexdigest(),
         diff=normalise_diff(make_diff(on, text)).encode(),
-        description=description, profile="test", harness=H, seed=seed,
+        description=description, profile="test", harness=harness, seed=seed,
         outcome="discard", metrics={"val_bpb": signed, "steps": 1, "tokens": 64},
         pairs=[(seed, signed, 3.0)], device=DEVICE,
     )  # fmt: skip
@@ -217,6 +218,38 @@ def test_a_discard_that_hides_a_change_of_a_nodes_share_is_replayed_by_that_node
     replay(book, carol, 2, honest, 3.01)
     assert discards.to_replay(book, alice.peer_id, "test", H, PARENT, DEVICE, set(peers), HOUR,
                               hiding=hid) is None  # fmt: skip
+
+
+def test_a_node_whose_share_a_peer_discarded_replays_it_at_its_next_step(
+    book, alice, mallory, tmp_path
+):
+    """The loop: a key signs a discard of every single change on the head, none run. The node's
+    first step researches what is left (a pair); its next replays the discard that hid the first
+    change of its share, though it is not drawn for anything (no verification slot comes in
+    this test), and finds it misreported; its step after researches that change."""
+    harness = harness_sha256(TEST)
+    singles = [c for c in OfflineProposer(0).candidates(BASELINE, "test") if "; " not in c[0]]
+    for i, change in enumerate(singles, 1):
+        discard(book, mallory, i, 0, 3.02, change=change, harness=harness)
+
+    def run(script, profile, data, run_dir, seed=0, on_event=None):  # 3.0 whatever it runs
+        ran = fixed_run(lambda s: 3.0)(script, profile, data, run_dir, seed)
+        return dataclasses.replace(ran, harness_sha256=harness)
+
+    published: list[wire.Fact] = []
+    worker = Researcher(book, alice, OfflineProposer(0), TEST, None, tmp_path / "runs", BASELINE,
+                        verify_every=1000, check=None, publish=published.append, run=run)  # fmt: skip
+    first = worker.step()
+    assert "; " in first.description  # every single change of the head was discarded
+    parent, hidden = worker.proposer.inner.hidden
+    assert parent == PARENT and len(hidden) > 1
+    replayed = worker.step()
+    assert replayed.verdict == "misreported" and published[-1].kind == "verification"
+    denied = book.rows("SELECT * FROM results WHERE id = ?", (published[-1].body["result"],))
+    assert denied[0]["author"] == mallory.peer_id and denied[0]["diff_sha256"] == hidden[0]
+    assert discards.denied(book) == {mallory.peer_id}
+    after = worker.step()
+    assert after.description in {d for d, _ in singles} and worker.proposer.inner.hidden[1] == ()
 
 
 def test_a_replay_of_a_discard_publishes_what_the_authors_seed_gave(book, alice, bob, mallory,
