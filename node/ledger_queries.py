@@ -67,6 +67,18 @@ def _entry(score: consensus.Score, r: Mapping[str, Any], j: Judgement) -> dict:
             "val_bpb": r["val_bpb"], "time": r["time"], "profile": r["profile"]}  # fmt: skip
 
 
+# What other peers' looks said of a peer's results, as `peers` counts them: (its result's
+# outcome, the look's verdict, the count's name). A replay of a discard is "confirm" or
+# "misreported" (`node.agent.discards`).
+_VERDICTS_GOT = (
+    ("keep", "confirm", "confirmations"),
+    ("keep", "refute", "refutations"),
+    ("keep", "void", "voids"),
+    ("discard", "confirm", "discards_backed"),
+    ("discard", "misreported", "discards_denied"),
+)
+
+
 class LedgerError(SwarmError):
     """A ledger file that is missing, not a ledger, too new, or a query about something absent."""
 
@@ -355,14 +367,12 @@ class LedgerQueries:
             for r in self.rows(
                 "SELECT r.author, " + ", ".join(
                     f"SUM(r.outcome = '{outcome}' AND v.verdict = '{verdict}') AS {name}"
-                    for outcome, verdict, name in (
-                        ("keep", "confirm", "confirmations"), ("keep", "refute", "refutations"),
-                        ("keep", "void", "voids"), ("discard", "confirm", "discards_backed"),
-                        ("discard", "misreported", "discards_denied"))
+                    for outcome, verdict, name in _VERDICTS_GOT
                 ) + " FROM verifications v CROSS "
                 "JOIN results r ON r.id = v.result AND v.author != r.author GROUP BY r.author"
             )
         }  # fmt: skip
+        names = [name for _, _, name in _VERDICTS_GOT]
         rejected: dict[str, dict[str, int]] = {}
         for peer, reason, count in self.conn.execute(
             "SELECT peer_id, reason, count FROM rejections"
@@ -373,17 +383,12 @@ class LedgerQueries:
             "SELECT peer_id, first_seen, last_seen, facts, results, verifications FROM peers"
         ):
             s = standing.get(p["peer_id"], {})
-            p["confirmations"] = s.get("confirmations") or 0
-            p["refutations"] = s.get("refutations") or 0
-            p["voids"] = s.get("voids") or 0
-            p["discards_backed"] = s.get("discards_backed") or 0
-            p["discards_denied"] = s.get("discards_denied") or 0
+            p.update({name: s.get(name) or 0 for name in names})
             p["rejected"] = rejected.pop(p["peer_id"], {})
             out.append(p)
         for peer, reasons in rejected.items():  # peers only ever heard from with junk
             out.append({"peer_id": peer, "first_seen": None, "last_seen": None, "facts": 0,
-                        "results": 0, "verifications": 0, "confirmations": 0, "refutations": 0,
-                        "voids": 0, "discards_backed": 0, "discards_denied": 0,
+                        "results": 0, "verifications": 0, **dict.fromkeys(names, 0),
                         "rejected": reasons})  # fmt: skip
         return sorted(out, key=lambda p: (-(p["last_seen"] or 0), p["peer_id"]))
 

@@ -256,8 +256,7 @@ class OfflineProposer:
         # discard is its word, and one key that signed a discard of every change would
         # otherwise leave every node nothing to try.
         rest = {change: runs for change, (_, runs) in rerunnable(context).items()}
-        peers = context.active | {context.me} if context.me else frozenset()
-        mine = (lambda key: share_of(key, peers) == context.me) if context.me else lambda key: False
+        peers = context.active | {context.me} if context.me else frozenset()  # none: no share
         self.hidden = (parent, ())
         for allowed in (more, rest):
             for description, child in ordered:
@@ -266,7 +265,8 @@ class OfflineProposer:
                 key = _change_hash(context.train_py, child)
                 if (key in tried and (key not in allowed or key in beyond)) or key in seen or (
                     parent, key) in self._proposed:  # fmt: skip
-                    if allowed is more and key in rest and mine(key):  # a peer's word hid it
+                    hid = allowed is more and key in rest  # passed over for a peer's word
+                    if hid and peers and share_of(key, peers) == context.me:  # of its share
                         self.hidden = (parent, (*self.hidden[1], key))
                     continue
                 seen.add(key)
