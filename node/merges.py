@@ -8,9 +8,16 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from node.wire_schema import MAX_DESCRIPTION
+
 MERGE_PREFIX = "merge of "  # "merge of VERSION: ...": another parent's win merged onto the head
 BUNDLE_PREFIX = "bundle of "  # "bundle of N: VERSION, VERSION, ...": several wins merged as one
 HELD_FOR = "held: it carries "  # the start of the reason of a merge held for what it carries
+# The versions one bundle carries at most: its description names each (12 hex digits and ", ")
+# within a result's MAX_DESCRIPTION characters, or the names cut off would carry nothing.
+MAX_BUNDLE = (MAX_DESCRIPTION - len(f"{BUNDLE_PREFIX}99: ")) // len("0123456789ab, ")
+# What `carried` adds for a bundle that names fewer versions than it counts: no claim makes it.
+UNNAMED = "a version its description does not name"
 
 
 def held_reason(version: str) -> str:
@@ -26,11 +33,15 @@ def waits_on_parts(reason: str) -> bool:
 
 def carried(description: str) -> list[str]:
     """The versions (the first 12 hex digits of their sha256) that a merge or a bundle says it
-    carries; none for any other change."""
+    carries; none for any other change. A bundle that names fewer than it counts ("bundle of
+    N: ..." cut short) carries UNNAMED too, which no claim makes: it is held for good."""
     if description.startswith(MERGE_PREFIX):
         names = [description[len(MERGE_PREFIX) :].split(":", 1)[0]]
     elif description.startswith(BUNDLE_PREFIX) and ":" in description:
-        names = description.split(":", 1)[1].replace(",", " ").split()
+        count, names = description[len(BUNDLE_PREFIX) :].split(":", 1)
+        named = [n for n in names.replace(",", " ").split() if re.fullmatch(r"[0-9a-f]{12}", n)]
+        short = count.strip().isdigit() and len(named) < int(count)
+        return named + [UNNAMED] if short else named
     else:
         return []
     return [n for n in names if re.fullmatch(r"[0-9a-f]{12}", n)]

@@ -39,6 +39,7 @@ from node.wire_schema import (
 from node.wire_schema import CAMPAIGN_NAME as CAMPAIGN_NAME
 from node.wire_schema import HEAD_BINS as HEAD_BINS
 from node.wire_schema import MAX_ANY_SIZE as MAX_ANY_SIZE
+from node.wire_schema import MAX_DESCRIPTION as MAX_DESCRIPTION
 from node.wire_schema import MAX_DIFF_SIZE as MAX_DIFF_SIZE
 from node.wire_schema import MAX_HEAD_AUTHORS as MAX_HEAD_AUTHORS
 from node.wire_schema import MAX_MEMBERS as MAX_MEMBERS
@@ -246,7 +247,7 @@ def result_body(
     line = " ".join(description.split())
     return {
         "parent": parent, "child": child, "diff_sha256": diff_sha256, "diff_size": diff_size,
-        "description": line if len(line) <= 200 else line[:199] + "…",
+        "description": line if len(line) <= MAX_DESCRIPTION else line[: MAX_DESCRIPTION - 1] + "…",
         "profile": profile, "harness": harness, "seed": int(seed), "outcome": outcome,
         "seeds": [int(s) for s, _, _ in pairs],
         "child_scores": [float(c) for _, c, _ in pairs],

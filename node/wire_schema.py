@@ -36,6 +36,7 @@ OUTCOMES = ("keep", "discard", "crash", "void")
 # and got another score than the one claimed, by more than the profile's replay tolerance.
 VERDICTS = ("confirm", "refute", "inconclusive", "crash", "void", "misreported")
 MAX_SEEDS = 8  # paired seeds behind one result
+MAX_DESCRIPTION = 200  # characters of a result's one-line description
 MAX_MEMBERS = 400  # member keys a campaign lists: 35 bytes each, within a campaign's size
 
 _UINT_MAX = (1 << 63) - 1
@@ -190,7 +191,7 @@ BODIES: dict[str, Check] = {
             "child": _hex64,  # sha256 of the child train.py
             "diff_sha256": _hex64,
             "diff_size": _uint(MAX_DIFF_SIZE),
-            "description": _text(200),
+            "description": _text(MAX_DESCRIPTION),
             "profile": _profile,
             "harness": _hex64,
             "seed": _uint(),

@@ -7,6 +7,7 @@ import hashlib
 import pytest
 from conftest import CAMPAIGN, confirming_looks, make_result
 
+from node import merges, wire
 from node.agent import offline
 from node.agent.adoption import QueuedProposer, best_head, bundles, merge_proposals
 from node.agent.offline import OfflineProposer
@@ -88,6 +89,31 @@ def test_a_bundle_is_followed_by_its_halves_down_to_pairs_and_changes_that_clash
     assert all(f"v{i} = -1" in out[0].source for i in range(0, 10, 2))
     assert out[0].description.startswith("bundle of 5: 0000")
     assert bundles(head, [change(0, "v0 = 7"), change(0, "v0 = 8")]) == []  # the same line
+
+
+def test_no_bundle_carries_more_versions_than_its_description_can_name():
+    """Twenty wins to merge at once: a bundle of all would name them past a result's
+    description (the versions cut off would carry nothing the rule reads), so its halves and
+    theirs go instead, each naming every version it carries in full."""
+    head = "".join(f"v{i} = {i}\n\n" for i in range(40))
+    lines = head.splitlines(keepends=True)
+
+    def change(i: int) -> tuple[str, Proposal]:
+        text = "".join(f"v{i} = -1\n" if j == 2 * i else line for j, line in enumerate(lines))
+        return f"{i:02x}" * 32, Proposal(f"merge of {i}", text)
+
+    out = bundles(head, [change(i) for i in range(20)])
+    sizes = [int(p.description.split(":")[0].split()[-1]) for p in out]
+    assert sizes[:2] == [10, 10] and max(sizes) <= merges.MAX_BUNDLE
+    for proposal in out:
+        body = wire.result_body(
+            parent="0" * 64, child="1" * 64, diff=b"d", description=proposal.description,
+            profile="test", harness="2" * 64, seed=1, outcome="keep", metrics={"val_bpb": 1.0},
+        )  # fmt: skip
+        assert body["description"] == proposal.description  # not cut
+        named = merges.carried(body["description"])
+        assert len(named) == int(proposal.description.split(":")[0].split()[-1])
+        assert all(f"v{int(v[:2], 16)} = -1" in proposal.source for v in named)
 
 
 def test_unverified_refuted_and_conflicting_wins_are_not_merged(book, alice, bob, carol):

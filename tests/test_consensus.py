@@ -9,7 +9,7 @@ from conftest import BASELINE, HARNESS, confirming_looks, make_result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node import consensus, evidence, merges
+from node import consensus, evidence, merges, wire
 from node.committees import committee, draw_of, holds, kept_head, panel, ranked, ranking, seated
 from node.consensus import (
     HELD,
@@ -553,6 +553,30 @@ def test_a_merge_or_a_bundle_stands_only_while_every_claim_it_carries_is_verifie
     assert best_head(results, rows, "cpu", BASELINE, RULES) == V1
     assert merges.carried(f"bundle of 2: {V1[:12]}, {V2[:12]}") == [V1[:12], V2[:12]]
     assert merges.carried("merge of ideas: lower learning rate") == []
+
+
+def test_a_bundle_whose_description_names_fewer_versions_than_it_counts_is_held_for_good():
+    """A bundle's description cut short (a fact holds MAX_DESCRIPTION characters) would leave
+    the versions past the cut carried by nothing the rule reads: it counts as carrying one no
+    claim makes, and stays held however many looks verify it and its named parts."""
+    many = [f"{k:02d}" * 6 for k in range(14)]  # fourteen names do not fit a description
+    cut = wire.result_body(
+        parent=V1, child=V3, diff=b"d", description=f"bundle of 14: {', '.join(many)}",
+        profile="cpu", harness="h" * 64, seed=1, outcome="keep", metrics={"val_bpb": 1.0},
+    )["description"]  # fmt: skip
+    assert len(cut) == wire.MAX_DESCRIPTION and cut.endswith("…")
+    assert merges.carried(cut) == [*many[: merges.MAX_BUNDLE], merges.UNNAMED]
+    assert merges.UNNAMED not in merges.carried(f"bundle of 1: {V2[:12]}")
+    results = [
+        result("r1", "a", BASELINE, V1), result("r2", "b", BASELINE, V2),
+        {**result("r3", "c", V1, V3), "description": f"bundle of 2: {V2[:12]}, 0123456…"},
+    ]  # fmt: skip
+    rows = [*looks("r1", "x", [0.03] * 4), *looks("r2", "y", [0.03] * 4),
+            *looks("r3", "x", [0.04] * 8)]  # fmt: skip
+    judged = judge_claims(results, rows, RULES)
+    assert [judged[r].state for r in ("r1", "r2", "r3")] == ["verified", "verified", HELD]
+    assert merges.UNNAMED in judged["r3"].reason
+    assert best_head(results, rows, "cpu", BASELINE, RULES) == V1
 
 
 def test_ties_go_to_the_lower_hash_and_discards_never_lead():

@@ -21,7 +21,7 @@ from node.agent.patch import change_hash, check_source, merge
 from node.agent.proposers import Context, Proposal, Proposer
 from node.evidence import Judgement, claimed_gain
 from node.ledger import Ledger
-from node.merges import BUNDLE_PREFIX, MERGE_PREFIX
+from node.merges import BUNDLE_PREFIX, MAX_BUNDLE, MERGE_PREFIX
 
 if TYPE_CHECKING:
     from node.agent.loop import Head
@@ -274,13 +274,14 @@ def bundles(head_text: str, merges: list[tuple[str, Proposal]]) -> list[Proposal
     bundle that fails (one change spoils the others) is split until the culprit is left out,
     each half in the next proposal; the merges alone follow (`merges_onto`). A node moves on
     from the queue once a proposal of it is kept. A group whose changes touch the same lines
-    makes no bundle."""
+    makes no bundle, nor one of more than MAX_BUNDLE (its description could not name them all:
+    its halves go instead)."""
     out, groups = [], [merges]
     while groups:
         group = groups.pop(0)
         if len(group) < 2:
             continue
-        text: str | None = head_text
+        text: str | None = head_text if len(group) <= MAX_BUNDLE else None  # unnamable
         for _, proposal in group:
             text = merge(head_text, text, proposal.source) if text is not None else None
         if text is not None and text != head_text and _passes(text):

@@ -22,6 +22,7 @@ from node.agent.errors import ModelError, PatchError, ProposalRefused, SpendingL
 from node.agent.patch import apply_diff, change_hash, check_source
 from node.agent.proposers import Context, Proposal
 from node.trainer import policy
+from node.wire_schema import MAX_DESCRIPTION
 
 _FENCE = re.compile(
     r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S
@@ -80,7 +81,7 @@ def _description(prose: str) -> str:
     lines = [match[1]] if match else prose.splitlines()
     lines = [x.strip(" \t#*-_`>") for x in lines]  # markdown around the line is not part of it
     line = next((x for x in lines if x), "a change proposed by a language model")
-    return line if len(line) <= 200 else line[:199] + "…"
+    return line if len(line) <= MAX_DESCRIPTION else line[: MAX_DESCRIPTION - 1] + "…"
 
 
 def build_messages(context: Context, refused: str | None = None) -> list[dict[str, str]]:
