@@ -23,6 +23,9 @@ log = logging.getLogger("swarm.network")
 SEND_EVERY = 0.02  # seconds between looks at whether the ledger changed (a cheap pragma)
 
 
+RECENT_RESULTS = 5000  # the results whose missing train.py the transport asks for again
+
+
 class LedgerFacts:
     """The transport's `Facts` over one ledger connection (used on the transport's thread)."""
 
@@ -48,6 +51,15 @@ class LedgerFacts:
 
     def count(self) -> int:
         return self.ledger.rows("SELECT COUNT(*) AS n FROM facts")[0]["n"]
+
+    def missing_versions(self, limit: int) -> list[tuple[str, str]]:
+        rows = self.ledger.rows(
+            "SELECT r.child, r.author FROM results r LEFT JOIN versions v ON v.sha256 = r.child "
+            "WHERE v.sha256 IS NULL AND r.rowid > (SELECT MAX(rowid) FROM results) - ? "
+            "GROUP BY r.child ORDER BY MAX(r.rowid) DESC LIMIT ?",
+            (RECENT_RESULTS, limit),
+        )
+        return [(r["child"], r["author"]) for r in rows]
 
 
 def judge(ledger: Ledger, transport: GossipNode) -> dict[str, standing.Standing]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from conftest import BASELINE, CAMPAIGN, make_result
 from libp2p.peer.id import ID
 
 from node.gossip import GossipConfig, GossipError, GossipNode, read_status
@@ -320,3 +321,41 @@ def test_a_node_asking_a_peer_many_times_at_once_opens_one_stream_a_kind_and_is_
     before, after = seen["before"], seen["after"]
     assert after["streams_refused"] == before["streams_refused"] == 0, (before, after)
     assert not seen["left"]
+
+
+def test_one_authors_flood_of_results_leaves_room_for_others_and_missing_versions_are_asked_again(
+    tmp_path: Path,
+) -> None:
+    """A key floods results whose train.py nobody serves: at most `max_wanted_per_author` of
+    them wait to be fetched, and another author's version is still asked for. A version left
+    out, or given up after its tries, is asked for again from the ledger (`rewant`), the
+    newest first, unless it ran out of tries within `rewant_after`."""
+    flooder, honest = Identity.generate(), Identity.generate()
+    limits = Limits(max_wanted=100, max_wanted_per_author=8, rewant_after=3600.0)
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
+        node = GossipNode(GossipConfig(home=tmp_path, campaign=CAMPAIGN, limits=limits),
+                          Identity.generate(), LedgerFacts(ledger))  # fmt: skip
+        sources = [f"train.py {k}".encode() for k in range(1, 41)]
+        flood = [make_result(flooder, k, BASELINE, hashlib.sha256(source).hexdigest(), 1.4)
+                 for k, source in enumerate(sources, 1)]  # fmt: skip
+        win = make_result(honest, 1, BASELINE, "ab" * 32, 1.3)
+        node.take_in([f.raw for f in [*flood, win]], PEER)
+        assert set(node._wanted) == {f.body["child"] for f in flood[:8]} | {"ab" * 32}
+        fetched, given_up = flood[0].body["child"], flood[1].body["child"]
+        ledger.add_version(sources[0], fetched)
+        node._unwant(fetched)
+        node._unwant(given_up)
+        node._gave_up[given_up] = time.monotonic()
+        node.rewant()  # the flooder's next newest take the two places; the given-up one waits
+        wanted = {f.body["child"] for f in flood[2:8]} | {"ab" * 32}
+        assert set(node._wanted) == wanted | {f.body["child"] for f in flood[-2:]}
+        assert node._wanted[flood[-1].body["child"]] == ([flooder.peer_id], 0)
+        assert fetched not in node._wanted and given_up not in node._wanted
+        node._gave_up[given_up] -= limits.rewant_after  # its wait is over
+        node._unwant(flood[-1].body["child"])
+        node.rewant()
+        assert given_up not in node._wanted  # the newer ones come first
+        for f in flood[2:]:
+            node._unwant(f.body["child"])
+        node.rewant()
+        assert set(node._wanted) == {"ab" * 32} | {f.body["child"] for f in flood[-8:]}

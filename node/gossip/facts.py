@@ -37,6 +37,10 @@ class Facts(Protocol):
     def count(self) -> int:
         """How many facts are held."""
 
+    def missing_versions(self, limit: int) -> list[tuple[str, str]]:
+        """(sha256, the author's peer id) of the train.py versions that recent results name
+        as their child and that are not held, the newest first, at most `limit`."""
+
 
 class NoFacts:
     """Facts for a node that only asks (a fetch of one file): it holds and takes nothing."""
@@ -58,6 +62,9 @@ class NoFacts:
 
     def count(self) -> int:
         return 0
+
+    def missing_versions(self, limit: int) -> list[tuple[str, str]]:
+        return []
 
 
 class PeerStanding(Protocol):

@@ -28,6 +28,9 @@ class Limits:
     ban_seconds: float = 3600.0
     max_rpc_bytes: int = 512 << 10  # one pubsub frame; a fact is a few KB (heads up to 256 KB)
     max_wanted: int = 1000  # versions waiting to be fetched
+    max_wanted_per_author: int = 64  # of those, named by one author's results: none fills it
+    rewant_every: float = 30.0  # seconds: versions the ledger still lacks are asked for again
+    rewant_after: float = 600.0  # seconds: but not one given up (12 tries) that recently
     max_sync_facts: int = 5000  # facts sent in one sync exchange (the next one continues)
     max_sync_per_author: int = 1000  # of those, by one author
     max_sync_bytes: int = 16 << 20
