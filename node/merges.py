@@ -35,16 +35,17 @@ def carried(description: str) -> list[str]:
     """The versions (the first 12 hex digits of their sha256) that a merge or a bundle says it
     carries; none for any other change. A bundle that names fewer than it counts ("bundle of
     N: ..." cut short) carries UNNAMED too, which no claim makes: it is held for good."""
+    count = 0  # the versions it says it carries, where it says (a bundle)
     if description.startswith(MERGE_PREFIX):
         names = [description[len(MERGE_PREFIX) :].split(":", 1)[0]]
     elif description.startswith(BUNDLE_PREFIX) and ":" in description:
-        count, names = description[len(BUNDLE_PREFIX) :].split(":", 1)
-        named = [n for n in names.replace(",", " ").split() if re.fullmatch(r"[0-9a-f]{12}", n)]
-        short = count.strip().isdigit() and len(named) < int(count)
-        return named + [UNNAMED] if short else named
+        counted, listed = description[len(BUNDLE_PREFIX) :].split(":", 1)
+        names = listed.replace(",", " ").split()
+        count = int(counted) if counted.strip().isdigit() else 0
     else:
         return []
-    return [n for n in names if re.fullmatch(r"[0-9a-f]{12}", n)]
+    named = [n for n in names if re.fullmatch(r"[0-9a-f]{12}", n)]
+    return named + [UNNAMED] if len(named) < count else named
 
 
 def unsupported(verified: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
