@@ -328,10 +328,10 @@ def test_one_authors_flood_of_results_leaves_room_for_others_and_missing_version
 ) -> None:
     """A key floods results whose train.py nobody serves: at most `max_wanted_per_author` of
     them wait to be fetched, and another author's version is still asked for. A version left
-    out, or given up after its tries, is asked for again from the ledger (`rewant`), the
+    out, or given up after its tries, is asked for again from the ledger (`Wanted.refill`), the
     newest first, unless it ran out of tries within `rewant_after`."""
     flooder, honest = Identity.generate(), Identity.generate()
-    limits = Limits(max_wanted=100, max_wanted_per_author=8, rewant_after=3600.0)
+    limits = Limits(max_wanted=100, max_wanted_per_author=8, rewant_every=60.0, rewant_after=3600.0)
     with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
         node = GossipNode(GossipConfig(home=tmp_path, campaign=CAMPAIGN, limits=limits),
                           Identity.generate(), LedgerFacts(ledger))  # fmt: skip
@@ -340,22 +340,25 @@ def test_one_authors_flood_of_results_leaves_room_for_others_and_missing_version
                  for k, source in enumerate(sources, 1)]  # fmt: skip
         win = make_result(honest, 1, BASELINE, "ab" * 32, 1.3)
         node.take_in([f.raw for f in [*flood, win]], PEER)
-        assert set(node._wanted) == {f.body["child"] for f in flood[:8]} | {"ab" * 32}
+        assert set(node.wanted.queue) == {f.body["child"] for f in flood[:8]} | {"ab" * 32}
         fetched, given_up = flood[0].body["child"], flood[1].body["child"]
         ledger.add_version(sources[0], fetched)
-        node._unwant(fetched)
-        node._unwant(given_up)
-        node._gave_up[given_up] = time.monotonic()
-        node.rewant()  # the flooder's next newest take the two places; the given-up one waits
+        node.wanted.drop(fetched)
+        node.wanted.drop(given_up)
+        node.wanted.gave_up[given_up] = time.monotonic()
+        node.wanted.refill()  # the flooder's next newest take the two places; the given-up one waits
         wanted = {f.body["child"] for f in flood[2:8]} | {"ab" * 32}
-        assert set(node._wanted) == wanted | {f.body["child"] for f in flood[-2:]}
-        assert node._wanted[flood[-1].body["child"]] == ([flooder.peer_id], 0)
-        assert fetched not in node._wanted and given_up not in node._wanted
+        assert set(node.wanted.queue) == wanted | {f.body["child"] for f in flood[-2:]}
+        assert node.wanted.queue[flood[-1].body["child"]] == ([flooder.peer_id], 0)
+        assert fetched not in node.wanted.queue and given_up not in node.wanted.queue
         for source, f in zip(sources[2:], flood[2:], strict=True):  # the others arrive
             ledger.add_version(source, f.body["child"])
-            node._unwant(f.body["child"])
-        node.rewant()
-        assert set(node._wanted) == {"ab" * 32}  # room, but the given-up one waits its time
-        node._gave_up[given_up] -= limits.rewant_after
-        node.rewant()
-        assert set(node._wanted) == {"ab" * 32, given_up}
+            node.wanted.drop(f.body["child"])
+        node.wanted.refill()
+        assert set(node.wanted.queue) == {"ab" * 32}  # room, but the given-up one waits its time
+        node.wanted.gave_up[given_up] -= limits.rewant_after
+        node.wanted.tick()  # the transport's: not again until rewant_every has passed
+        assert given_up not in node.wanted.queue
+        node.wanted._refilled -= limits.rewant_every
+        node.wanted.tick()
+        assert set(node.wanted.queue) == {"ab" * 32, given_up}

@@ -13,6 +13,7 @@ The face: `GossipConfig`, `GossipNode`, `Facts`, `run_peer(transport)` (blocks),
     pubsub.py     GossipSub's Pubsub, charging the sender for junk, bad signatures and streams
     guards.py     patches of the library where it trusts a stranger's lengths and windows
     protocols.py  our own protocols: sync, peer exchange, fetch by hash
+    wanted.py     the versions to fetch by hash: whom to ask, room for every author, asked again
     frames.py     length-prefixed msgpack frames, with limits on size and time
     limits.py     what a node allows its peers, and the book of the peers it knows
 """

@@ -10,7 +10,6 @@ facts and address book. Trio stays inside this package.
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from node.gossip.addresses import (
 from node.gossip.facts import Facts, PeerStanding, Verdict
 from node.gossip.limits import HandshakeGate, Limits, PeerBook
 from node.gossip.pubsub import GuardedPubsub, author_of, origin_of
+from node.gossip.wanted import Wanted
 from node.identity import Identity, peer_id_from_public_key
 
 log = logging.getLogger("swarm.gossip")
@@ -118,10 +118,7 @@ class GossipNode:
         self.first_peer_at: float | None = None  # wall clock, for benchmarks across processes
         self._synced: set[str] = set()
         self._dialing: set[str] = set()
-        self._wanted: dict[str, tuple[list[str], int]] = {}  # sha256 -> (peers to ask, tries)
-        self._wanted_by: collections.Counter[str] = collections.Counter()  # their authors
-        self._author_of: dict[str, str] = {}  # sha256 wanted -> the author of the result
-        self._gave_up: dict[str, float] = {}  # sha256 -> when its tries ran out (monotonic)
+        self.wanted = Wanted(config.limits, facts)  # versions to fetch by hash
         self.printed = trio.Event()
 
     # -------------------------------------------------------- supervision
@@ -249,40 +246,7 @@ class GossipNode:
 
     def _want_content(self, fact: wire.Fact, peer: str) -> None:
         if fact.kind == "result":  # ask who sent it, then who made it
-            self._want(fact.body["child"], fact.peer_id, [peer, fact.peer_id])
-
-    def _want(self, sha256: str, author: str, peers: list[str]) -> None:
-        """Ask for a train.py: unless held, asked for already, the queue is full, or the
-        author's results name max_wanted_per_author of it already (one key's flood of results
-        naming files nobody serves would keep every other version out)."""
-        if (sha256 in self._wanted or len(self._wanted) >= self.limits.max_wanted
-                or self._wanted_by[author] >= self.limits.max_wanted_per_author
-                or self.facts.version(sha256) is not None):  # fmt: skip
-            return
-        self._wanted[sha256] = (peers, 0)
-        self._author_of[sha256] = author
-        self._wanted_by[author] += 1
-
-    def _unwant(self, sha256: str) -> None:
-        self._wanted.pop(sha256, None)
-        author = self._author_of.pop(sha256, None)
-        if author is not None:
-            self._wanted_by[author] -= 1
-            if self._wanted_by[author] <= 0:
-                del self._wanted_by[author]
-
-    def rewant(self) -> None:
-        """Ask again for the versions recent results name that the ledger still lacks: one
-        left out while the queue was full, or whose author was away for all of its tries (not
-        one that ran out of tries in the last `rewant_after` seconds)."""
-        now = time.monotonic()
-        self._gave_up = {
-            sha: at for sha, at in self._gave_up.items() if now - at < self.limits.rewant_after
-        }
-        room = self.limits.max_wanted - len(self._wanted)
-        for sha256, author in self.facts.missing_versions(room) if room > 0 else ():
-            if sha256 not in self._gave_up:
-                self._want(sha256, author, [author])
+            self.wanted.want(fact.body["child"], fact.peer_id, [peer, fact.peer_id])
 
     async def _drain(self, subscription: Any) -> None:
         while True:  # delivered messages were taken already (validator); empty the queue
@@ -480,18 +444,12 @@ class GossipNode:
             pass
 
     async def _fetch_loop(self) -> None:
-        last_rewant = time.monotonic()
         while True:
             await trio.sleep(0.5)
-            if time.monotonic() - last_rewant >= self.limits.rewant_every:
-                last_rewant = time.monotonic()
-                try:
-                    self.rewant()
-                except Exception as exc:  # the node's problem (a busy ledger), never a peer's
-                    log.warning("could not read the versions still missing: %s", exc)
+            self.wanted.tick()
             connected = sorted(p.to_base58() for p in self.host.get_connected_peers())
             sources = [p for p in connected if not self.book.is_bad_source(p)]
-            for sha256, (peers, tries) in list(self._wanted.items())[:8]:
+            for sha256, (peers, tries) in list(self.wanted.queue.items())[:8]:
                 # The sender may still be fetching it itself: ask the author, then anyone.
                 peer = peers[tries] if tries < len(peers) else random.choice(sources or peers)
                 data = None
@@ -500,12 +458,9 @@ class GossipNode:
                 if data is not None:
                     self.facts.add_version(data, sha256)
                     self.counts["fetched"] += 1
-                    self._unwant(sha256)
-                elif tries + 1 >= 12:
-                    self._unwant(sha256)
-                    self._gave_up[sha256] = time.monotonic()
+                    self.wanted.drop(sha256)
                 else:
-                    self._wanted[sha256] = (peers, tries + 1)
+                    self.wanted.failed(sha256)
 
     # -------------------------------------------------------- status
 
