@@ -21,8 +21,6 @@ from node.ledger import Ledger, ledger_path
 
 log = logging.getLogger("swarm.network")
 SEND_EVERY = 0.02  # seconds between looks at whether the ledger changed (a cheap pragma)
-
-
 RECENT_RESULTS = 5000  # the results whose missing train.py the transport asks for again
 
 
