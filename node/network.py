@@ -50,12 +50,14 @@ class LedgerFacts:
     def count(self) -> int:
         return self.ledger.rows("SELECT COUNT(*) AS n FROM facts")[0]["n"]
 
-    def missing_versions(self, limit: int) -> list[tuple[str, str]]:
+    def missing_versions(self, limit: int, per_author: int) -> list[tuple[str, str]]:
         rows = self.ledger.rows(
-            "SELECT r.child, r.author FROM results r LEFT JOIN versions v ON v.sha256 = r.child "
+            "SELECT child, author FROM (SELECT r.child, r.author, MAX(r.rowid) AS last, "
+            "ROW_NUMBER() OVER (PARTITION BY r.author ORDER BY MAX(r.rowid) DESC) AS nth "
+            "FROM results r LEFT JOIN versions v ON v.sha256 = r.child "
             "WHERE v.sha256 IS NULL AND r.rowid > (SELECT MAX(rowid) FROM results) - ? "
-            "GROUP BY r.child ORDER BY MAX(r.rowid) DESC LIMIT ?",
-            (RECENT_RESULTS, limit),
+            "GROUP BY r.child) WHERE nth <= ? ORDER BY last DESC LIMIT ?",
+            (RECENT_RESULTS, per_author, limit),
         )
         return [(r["child"], r["author"]) for r in rows]
 

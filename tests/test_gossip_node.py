@@ -362,3 +362,17 @@ def test_one_authors_flood_of_results_leaves_room_for_others_and_missing_version
         node.wanted._refilled -= limits.rewant_every
         node.wanted.tick()
         assert set(node.wanted.queue) == {"ab" * 32, given_up}
+
+
+def test_the_versions_still_missing_leave_room_for_every_authors(tmp_path: Path) -> None:
+    """The ledger's answer to what is still missing, newest first, holds at most `per_author`
+    of one author's: a key that floods results after an honest one does not push it out."""
+    flooder, honest = Identity.generate(), Identity.generate()
+    with Ledger(tmp_path / "ledger.db", campaign=CAMPAIGN) as ledger:
+        win = make_result(honest, 1, BASELINE, "ab" * 32, 1.3)
+        flood = [make_result(flooder, k, BASELINE, f"{k:064x}", 1.4) for k in range(1, 21)]
+        list(ledger.ingest_many([f.raw for f in [win, *flood]], from_peer=PEER))
+        missing = LedgerFacts(ledger).missing_versions(limit=5, per_author=3)
+        assert missing == [*((f.body["child"], flooder.peer_id) for f in flood[:-4:-1]),
+                           ("ab" * 32, honest.peer_id)]  # fmt: skip
+        assert len(LedgerFacts(ledger).missing_versions(limit=2, per_author=3)) == 2

@@ -37,9 +37,10 @@ class Facts(Protocol):
     def count(self) -> int:
         """How many facts are held."""
 
-    def missing_versions(self, limit: int) -> list[tuple[str, str]]:
+    def missing_versions(self, limit: int, per_author: int) -> list[tuple[str, str]]:
         """(sha256, the author's peer id) of the train.py versions that recent results name
-        as their child and that are not held, the newest first, at most `limit`."""
+        as their child and that are not held, the newest first, at most `limit` and at most
+        `per_author` of one author's (a flood of one key's leaves room for the others')."""
 
 
 class NoFacts:
@@ -63,7 +64,7 @@ class NoFacts:
     def count(self) -> int:
         return 0
 
-    def missing_versions(self, limit: int) -> list[tuple[str, str]]:
+    def missing_versions(self, limit: int, per_author: int) -> list[tuple[str, str]]:
         return []
 
 

@@ -76,7 +76,7 @@ class Wanted:
         self.gave_up = {
             sha: at for sha, at in self.gave_up.items() if now - at < self.limits.rewant_after
         }
-        room = self.limits.max_wanted - len(self.queue)
-        for sha256, author in self.facts.missing_versions(room) if room > 0 else ():
+        room, fair = self.limits.max_wanted - len(self.queue), self.limits.max_wanted_per_author
+        for sha256, author in self.facts.missing_versions(room, fair) if room > 0 else ():
             if sha256 not in self.gave_up:
                 self.want(sha256, author, [author])
